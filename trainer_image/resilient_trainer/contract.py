@@ -1,0 +1,118 @@
+"""The environment the operator injects into every worker pod: one definition, read by both sides.
+
+Names follow torchrun/PyTorchJob where a name exists (MASTER_ADDR, MASTER_PORT and the `PET_*` variables
+that torchrun reads as defaults for its flags), so a plain torchrun script sees what it expects. Our own
+additions carry the `RTJ_` prefix. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NNODES = "PET_NNODES"  # number of worker pods in this attempt
+NODE_RANK = "PET_NODE_RANK"  # this pod's rank among the worker pods
+NPROC_PER_NODE = "PET_NPROC_PER_NODE"  # processes per pod
+CHECKPOINT_ROOT = "RTJ_CHECKPOINT_ROOT"
+RESUME_FROM = "RTJ_RESUME_FROM"  # absent on a fresh start
+ATTEMPT = "RTJ_ATTEMPT"
+JOB_NAME = "RTJ_JOB_NAME"
+DESIRED_NNODES = "RTJ_DESIRED_NNODES"  # the job's desired worker count, for logs and grow-back
+
+ALL_NAMES = (
+    MASTER_ADDR,
+    MASTER_PORT,
+    NNODES,
+    NODE_RANK,
+    NPROC_PER_NODE,
+    CHECKPOINT_ROOT,
+    RESUME_FROM,
+    ATTEMPT,
+    JOB_NAME,
+    DESIRED_NNODES,
+)
+
+DEFAULT_MASTER_PORT = 29500
+
+
+class ContractError(ValueError):
+    """The injected environment is missing or malformed; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What a worker pod knows about its place in the job."""
+
+    job_name: str
+    attempt: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    checkpoint_root: str
+    resume_from: str | None = None
+    desired_nnodes: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables as the operator writes them into a pod spec (no empty resume variable)."""
+        env = {
+            JOB_NAME: self.job_name,
+            ATTEMPT: str(self.attempt),
+            NNODES: str(self.nnodes),
+            NODE_RANK: str(self.node_rank),
+            NPROC_PER_NODE: str(self.nproc_per_node),
+            MASTER_ADDR: self.master_addr,
+            MASTER_PORT: str(self.master_port),
+            CHECKPOINT_ROOT: self.checkpoint_root,
+        }
+        if self.resume_from:
+            env[RESUME_FROM] = self.resume_from
+        if self.desired_nnodes is not None:
+            env[DESIRED_NNODES] = str(self.desired_nnodes)
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
+        """Parse the contract; a missing or malformed variable raises ContractError naming it."""
+        env = os.environ if environ is None else environ
+
+        def req(name: str) -> str:
+            value = env.get(name, "")
+            if not value:
+                raise ContractError(f"{name} is not set: is this process running under the operator?")
+            return value
+
+        def integer(name: str, value: str, minimum: int) -> int:
+            try:
+                number = int(value)
+            except ValueError:
+                raise ContractError(f"{name}={value!r} is not an integer") from None
+            if number < minimum:
+                raise ContractError(f"{name}={number} must be >= {minimum}")
+            return number
+
+        nnodes = integer(NNODES, req(NNODES), 1)
+        node_rank = integer(NODE_RANK, req(NODE_RANK), 0)
+        if node_rank >= nnodes:
+            raise ContractError(f"{NODE_RANK}={node_rank} must be < {NNODES}={nnodes}")
+        desired = env.get(DESIRED_NNODES)
+        return cls(
+            job_name=req(JOB_NAME),
+            attempt=integer(ATTEMPT, req(ATTEMPT), 1),
+            nnodes=nnodes,
+            node_rank=node_rank,
+            nproc_per_node=integer(NPROC_PER_NODE, env.get(NPROC_PER_NODE, "1"), 1),
+            master_addr=req(MASTER_ADDR),
+            master_port=integer(MASTER_PORT, env.get(MASTER_PORT, str(DEFAULT_MASTER_PORT)), 1),
+            checkpoint_root=req(CHECKPOINT_ROOT),
+            resume_from=env.get(RESUME_FROM) or None,
+            desired_nnodes=integer(DESIRED_NNODES, desired, 1) if desired else None,
+        )
