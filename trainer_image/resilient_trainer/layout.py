@@ -40,7 +40,11 @@ def parse_step_dir(name: str) -> int | None:
 
 
 class StorageError(OSError):
-    """The checkpoint root cannot be read (missing, permission denied, unsupported scheme)."""
+    """The checkpoint root cannot be read (permission denied, unsupported scheme, not a directory)."""
+
+
+class RootMissing(StorageError):
+    """The checkpoint root does not exist: normal before the first save, alarming after one."""
 
 
 class CheckpointStore(Protocol):
@@ -69,7 +73,7 @@ class LocalStore:
             with os.scandir(self.root) as it:
                 return [e.name for e in it if e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
-            raise StorageError(f"checkpoint root {self.root} does not exist") from None
+            raise RootMissing(f"checkpoint root {self.root} does not exist") from None
         except PermissionError:
             raise StorageError(f"checkpoint root {self.root} is not readable (permission denied)") from None
         except NotADirectoryError:
@@ -182,6 +186,7 @@ class Listing:
     latest: Verdict | None
     skipped: tuple[Verdict, ...] = ()
     error: str | None = None
+    missing: bool = False
 
 
 def discover(uri: str) -> Listing:
@@ -194,5 +199,7 @@ def discover(uri: str) -> Listing:
                 return Listing(uri, verdict, tuple(skipped))
             skipped.append(verdict)
         return Listing(uri, None, tuple(skipped))
+    except RootMissing as exc:
+        return Listing(uri, None, (), str(exc), missing=True)
     except StorageError as exc:
         return Listing(uri, None, (), str(exc))

@@ -1,0 +1,84 @@
+"""Every API name, label, annotation, condition, phase and reason the operator uses, defined once."""
+
+from __future__ import annotations
+
+GROUP = "training.resilient.dev"
+VERSION = "v1alpha1"
+KIND = "ResilientTrainingJob"
+PLURAL = "resilienttrainingjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Labels stamped on every pod (and the Service) the operator creates. The attempt label lets a
+# restarted operator rebuild state from the cluster alone.
+LABEL_JOB = f"{GROUP}/job-name"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_RANK = f"{GROUP}/rank"
+LABEL_ROLE = f"{GROUP}/role"
+ROLE_WORKER = "worker"
+
+# Annotations on pods: what the attempt was launched with, so status can be rebuilt from pods.
+ANNOTATION_REPLICAS = f"{GROUP}/replicas"
+ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
+ANNOTATION_RESUME_STEP = f"{GROUP}/resume-step"
+
+# Phases (status.phase); the CRD's enum lists the same values.
+PENDING = "Pending"
+STARTING = "Starting"
+RUNNING = "Running"
+RESTARTING = "Restarting"
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
+BACKING_OFF = "BackingOff"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
+
+# Condition types (positive polarity, Kubernetes conventions).
+COND_RUNNING = "Running"
+COND_RECOVERING = "Recovering"
+COND_CAPACITY = "CapacityAvailable"
+COND_STORAGE = "CheckpointStorageReady"
+COND_SUSPENDED = "Suspended"
+COND_SUCCEEDED = "Succeeded"
+COND_FAILED = "Failed"
+
+# Failure kinds and the budgets they spend.
+INFRASTRUCTURE = "Infrastructure"
+APPLICATION = "Application"
+
+# Reasons: used in conditions, events, status.lastFailure and history.
+REASON_NODE_LOST = "NodeLost"
+REASON_NODE_NOT_READY = "NodeNotReady"
+REASON_NODE_UNREACHABLE = "NodeUnreachable"
+REASON_NODE_LEASE_STALE = "NodeLeaseStale"
+REASON_NODE_DELETED = "NodeDeleted"
+REASON_POD_DELETED = "PodDeleted"
+REASON_POD_MISSING = "PodMissing"
+REASON_EVICTED = "Evicted"
+REASON_PREEMPTED = "Preempted"
+REASON_DISRUPTED = "DisruptionTarget"
+REASON_APP_FAILED = "ApplicationFailed"
+REASON_IMAGE_CANNOT_START = "ContainerCannotStart"
+REASON_GROW_BACK = "GrowBack"
+REASON_SUSPENDED = "Suspended"
+REASON_RESUMED = "Resumed"
+REASON_STARTED = "AttemptStarted"
+REASON_ALL_RUNNING = "AllWorkersRunning"
+REASON_FENCING = "FencingAttempt"
+REASON_COMPLETED = "Completed"
+REASON_INFRA_BUDGET = "InfrastructureBudgetExhausted"
+REASON_APP_BUDGET = "ApplicationBudgetExhausted"
+REASON_BELOW_MIN = "BelowMinReplicas"
+REASON_ENOUGH = "EnoughCapacity"
+REASON_BACKOFF = "BackingOff"
+REASON_STORAGE_OK = "Readable"
+REASON_STORAGE_UNREADABLE = "StorageUnreadable"
+REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
+REASON_NEW_CHECKPOINT = "CheckpointCompleted"
+
+# Node facts Kubernetes itself defines.
+TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
+TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+HISTORY_LIMIT = 20

@@ -1,0 +1,126 @@
+"""Which failure, if any, broke the current attempt, and which budget it spends.
+
+Infrastructure causes (a lost node, eviction, preemption, a deleted pod) win over application
+causes in the same attempt: when a node dies, its peers then fail their collectives and exit
+non-zero, and that is collateral damage, not a bug in the training script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from resilient_operator import constants as c
+from resilient_operator.core.model import NodeView, PodView
+from resilient_operator.core.nodes import NodeLoss, node_loss
+from resilient_trainer.contract import COMPLETION_MARKER
+
+# status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
+_INFRA_POD_REASONS = {
+    "Evicted": c.REASON_EVICTED,
+    "Preempting": c.REASON_PREEMPTED,
+    "NodeLost": c.REASON_NODE_LOST,
+    "Shutdown": c.REASON_NODE_LOST,
+    "NodeShutdown": c.REASON_NODE_LOST,
+    "Terminated": c.REASON_NODE_LOST,
+    "UnexpectedAdmissionError": c.REASON_EVICTED,
+}
+_DISRUPTION_REASONS = {
+    "PreemptionByScheduler": c.REASON_PREEMPTED,
+    "PreemptionByKubeScheduler": c.REASON_PREEMPTED,
+    "EvictionByEvictionAPI": c.REASON_EVICTED,
+    "DeletionByTaintManager": c.REASON_NODE_LOST,
+    "DeletionByPodGC": c.REASON_NODE_LOST,
+    "TerminationByKubelet": c.REASON_EVICTED,
+}
+# Waiting reasons that mean the container will not start without a change to the job.
+CANNOT_START = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+     "CreateContainerError", "RunContainerError"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # constants.INFRASTRUCTURE | constants.APPLICATION
+    reason: str
+    message: str
+    pod: str | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    lost_nodes: tuple[str, ...] = ()
+
+
+def finished_ok(pod: PodView) -> bool:
+    """Succeeded, or wrote the completion marker before an abort at interpreter exit."""
+    if pod.phase == "Succeeded":
+        return True
+    return pod.phase == "Failed" and any(COMPLETION_MARKER in t.message for t in pod.terminations)
+
+
+def lost_nodes(
+    pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime, timeout: float
+) -> dict[str, NodeLoss]:
+    """Every lost node hosting a pod of the attempt."""
+    lost: dict[str, NodeLoss] = {}
+    for pod in pods:
+        if pod.node_name and pod.node_name not in lost:
+            loss = node_loss(pod.node_name, nodes.get(pod.node_name), now, timeout)
+            if loss:
+                lost[pod.node_name] = loss
+    return lost
+
+
+def detect(
+    pods: Sequence[PodView],
+    replicas: int,
+    all_created: bool,
+    nodes: Mapping[str, NodeView],
+    now: datetime,
+    timeout: float,
+) -> Failure | None:
+    """The failure of the current attempt, or None while it is healthy (or still starting)."""
+    by_rank = {p.rank: p for p in pods}
+    lost = lost_nodes(pods, nodes, now, timeout)
+    if lost:
+        names = sorted(lost)
+        victim = min((p for p in pods if p.node_name == names[0]), key=lambda p: p.rank)
+        message = "; ".join(lost[n].message for n in names)
+        return Failure(c.INFRASTRUCTURE, c.REASON_NODE_LOST, message, pod=victim.name, node=names[0],
+                       lost_nodes=tuple(names))  # fmt: skip
+    for pod in sorted(pods, key=lambda p: p.rank):
+        if pod.disruption:
+            reason = _DISRUPTION_REASONS.get(pod.disruption, c.REASON_DISRUPTED)
+            return Failure(c.INFRASTRUCTURE, reason, f"pod {pod.name} disrupted: {pod.disruption}",
+                           pod=pod.name, node=pod.node_name)  # fmt: skip
+        if pod.phase == "Failed" and pod.reason in _INFRA_POD_REASONS:
+            return Failure(c.INFRASTRUCTURE, _INFRA_POD_REASONS[pod.reason],
+                           f"pod {pod.name} {pod.reason}: {pod.message}".rstrip(": "),
+                           pod=pod.name, node=pod.node_name)  # fmt: skip
+        if pod.deleting and not finished_ok(pod) and pod.phase not in ("Failed",):
+            return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
+                           pod=pod.name, node=pod.node_name)  # fmt: skip
+    if all_created:
+        for rank in range(replicas):
+            if rank not in by_rank:
+                return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"worker rank {rank} pod was deleted")
+    for pod in sorted(pods, key=lambda p: p.rank):
+        if pod.phase == "Failed" and not finished_ok(pod):
+            code = next((t.exit_code for t in pod.terminations if t.exit_code), None)
+            detail = next((t.reason for t in pod.terminations if t.reason), "") or pod.reason
+            return Failure(c.APPLICATION, c.REASON_APP_FAILED,
+                           f"pod {pod.name} exited with code {code}" + (f" ({detail})" if detail else ""),
+                           pod=pod.name, node=pod.node_name, exit_code=code)  # fmt: skip
+        stuck = CANNOT_START.intersection(pod.waiting_reasons)
+        if stuck:
+            why = sorted(stuck)[0]
+            return Failure(c.APPLICATION, c.REASON_IMAGE_CANNOT_START,
+                           f"pod {pod.name} cannot start its container: {why}; check the image and pod spec",
+                           pod=pod.name, node=pod.node_name)  # fmt: skip
+    return None
+
+
+def all_succeeded(pods: Sequence[PodView], replicas: int) -> bool:
+    ranks = {p.rank for p in pods if finished_ok(p)}
+    return len(ranks) >= replicas and all(r in ranks for r in range(replicas))

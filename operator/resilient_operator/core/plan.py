@@ -1,0 +1,34 @@
+"""What the core asks the shell to do; the shell applies it in a fixed, crash-safe order.
+
+Order: delete and force-delete pods (fencing), write status once, create objects (idempotently:
+AlreadyExists is success), then emit events (only after the status write succeeded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    status: dict[str, Any]
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    force_delete: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+    def look_again(self, seconds: float | None) -> None:
+        """Keep the earliest wake-up any policy asked for."""
+        if seconds is None:
+            return
+        seconds = max(seconds, 0.1)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)

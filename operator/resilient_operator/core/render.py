@@ -1,0 +1,113 @@
+"""Manifests for the worker pods and the headless Service, with the injected environment.
+
+Names carry the attempt (`<job>-a<attempt>-<rank>`), so pods of a fenced attempt that are still
+terminating never collide with the new gang, and a restarted operator can read the attempt back.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from resilient_operator import constants as c
+from resilient_operator.core.model import Job
+from resilient_trainer.contract import TERMINATION_MESSAGE_PATH, WorkerEnv
+from resilient_trainer.layout import Verdict
+
+
+def pod_name(job: str, attempt: int, rank: int) -> str:
+    return f"{job}-a{attempt}-{rank}"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def master_addr(job: Job, attempt: int) -> str:
+    """Rank 0's stable DNS name through the headless Service (resolves via the pod's search path)."""
+    return f"{pod_name(job.name, attempt, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+
+
+def owner_reference(job: Job) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def service_manifest(job: Job) -> dict[str, Any]:
+    """Headless, publishing not-ready addresses so rendezvous works before readiness."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(job.name),
+            "namespace": job.namespace,
+            "labels": {c.LABEL_JOB: job.name},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {c.LABEL_JOB: job.name, c.LABEL_ROLE: c.ROLE_WORKER},
+            "ports": [{"name": "rendezvous", "port": job.spec.master_port, "targetPort": job.spec.master_port}],
+        },
+    }
+
+
+def worker_env(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None) -> WorkerEnv:
+    return WorkerEnv(
+        job_name=job.name,
+        attempt=attempt,
+        nnodes=replicas,
+        node_rank=rank,
+        nproc_per_node=job.spec.nproc_per_node,
+        master_addr=master_addr(job, attempt),
+        master_port=job.spec.master_port,
+        checkpoint_root=job.spec.checkpoint_root,
+        resume_from=resume.path if resume else None,
+        desired_nnodes=job.spec.replicas,
+    )
+
+
+def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None) -> dict[str, Any]:
+    template = copy.deepcopy(dict(job.spec.template))
+    meta = template.get("metadata") or {}
+    spec = template["spec"]
+    name = pod_name(job.name, attempt, rank)
+    labels = {
+        **(meta.get("labels") or {}),
+        c.LABEL_JOB: job.name,
+        c.LABEL_ATTEMPT: str(attempt),
+        c.LABEL_RANK: str(rank),
+        c.LABEL_ROLE: c.ROLE_WORKER,
+    }
+    annotations = {**(meta.get("annotations") or {}), c.ANNOTATION_REPLICAS: str(replicas)}
+    if resume:
+        annotations[c.ANNOTATION_RESUME_FROM] = resume.path
+        annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
+    injected = worker_env(job, attempt, rank, replicas, resume).to_environ()
+    for container in spec["containers"]:
+        env = [e for e in container.get("env") or [] if e.get("name") not in injected]
+        container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
+        container.setdefault("terminationMessagePath", TERMINATION_MESSAGE_PATH)
+    spec["restartPolicy"] = "Never"
+    spec["hostname"] = name
+    spec["subdomain"] = service_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
