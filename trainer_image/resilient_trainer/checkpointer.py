@@ -1,0 +1,257 @@
+"""DCP checkpoints that reshard on load and cost the training loop only the staging copy.
+
+    ckpt = Checkpointer(root, model, optimizer, ctx=dist_ctx, scheduler=sched, train_state=ts)
+    resumed = ckpt.resume()              # loads $RTJ_RESUME_FROM (any world size) or returns None
+    ckpt.save(step)                      # async: stage to CPU, upload in a thread; <=1 save in flight
+    ckpt.save(step, blocking=True)       # e.g. on SIGTERM
+    ckpt.close()                         # waits for the last upload
+
+Design choices and the traps they avoid:
+- Every save goes into a *new* `step-<10 digits>` directory. A leftover directory for the same step
+  (a partial save of a failed attempt) is renamed away first; DCP would otherwise overwrite in place and a
+  crash could leave an old `.metadata` beside new shards. A complete one for the same step is kept and
+  the save skipped (deterministic training would write the same bytes).
+- Async uploads use THREAD mode: PROCESS mode spawns a helper that re-imports the entry module (a script
+  without a `__main__` guard would start training again in the helper).
+- Staging options are picked per device: on CPU, the default stager's non-blocking copy asserts on an
+  accelerator, so everything async/pinned is off; on CUDA, pinned memory + non-blocking copy, staged
+  synchronously so parameters are never modified while being copied. The stager is kept across saves
+  so its buffers are reused.
+- `CheckpointException` derives from BaseException, so it is caught by name and re-raised as
+  `CheckpointError` (an Exception) naming the directory.
+- Resume loads the *sharded* state dict on every rank (DCP reshards N->M); it never uses
+  `broadcast_from_rank0` with empty dicts on non-zero ranks, which deadlocks.
+- Save/load collectives run on `ctx.checkpoint_group`, a gloo group separate from training's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from resilient_trainer import contract, layout, retention
+from resilient_trainer.dist import DistContext
+from resilient_trainer.state import TrainState
+
+log = logging.getLogger(__name__)
+
+WriterFactory = Callable[[str], FileSystemWriter]
+
+
+class CheckpointError(RuntimeError):
+    """A save or load failed; the message names the checkpoint directory."""
+
+
+def staging_options(device: torch.device) -> StagingOptions:
+    """Per-device staging: pinned + non-blocking copies on CUDA, plain synchronous copies on CPU."""
+    if device.type == "cuda":
+        return StagingOptions(
+            use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+        )
+    return StagingOptions(
+        use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, CheckpointException):
+        parts = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(exc.failures.items())]
+        return "; ".join(parts) or str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Checkpointer:
+    """Save/resume model, optimizer, scheduler and TrainState under one checkpoint root."""
+
+    def __init__(
+        self,
+        root: str,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        ctx: DistContext,
+        scheduler: Any | None = None,
+        train_state: TrainState | None = None,
+        keep_last: int = 3,
+        async_save: bool = True,
+        writer_factory: WriterFactory | None = None,
+    ) -> None:
+        store = layout.open_store(root)
+        if not isinstance(store, layout.LocalStore):
+            raise CheckpointError(f"checkpoint root {root} is not a mounted path")
+        self.root = store.root
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_state = train_state if train_state is not None else TrainState()
+        self.ctx = ctx
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.writer_factory = writer_factory or (
+            lambda path: FileSystemWriter(path, sync_files=True, overwrite=False)
+        )
+        self.resumed_from: str | None = None
+        self.last_blocked_s = 0.0
+        self.last_saved: str | None = None
+        self._stager = DefaultStager(staging_options(ctx.device)) if async_save else None
+        self._inflight: tuple[str, Future] | None = None
+        self._lock = threading.Lock()
+        if ctx.rank == 0:
+            os.makedirs(self.root, exist_ok=True)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": self.train_state.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def _broadcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank (also a barrier on the checkpoint group)."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.ctx.checkpoint_group)
+        return box[0]
+
+    # ---- save -----------------------------------------------------------------------------------
+    def _prepare_dir(self, step: int) -> str | None:
+        """Rank 0 makes a fresh step directory; None (on all ranks) if a complete one already exists."""
+        name = layout.step_dir_name(step)
+        path = os.path.join(self.root, name)
+        decision: str | None = path
+        if self.ctx.rank == 0:
+            if os.path.exists(path):
+                verdict = layout.check_step(layout.LocalStore(self.root), name)
+                if verdict.complete:
+                    decision = None
+                else:
+                    log.warning("replacing partial checkpoint %s (%s)", path, verdict.reason)
+                    retention.remove_step_dir(self.root, name)
+            if decision is not None:
+                os.makedirs(path)
+        return self._broadcast(decision)
+
+    def save(self, step: int, *, blocking: bool | None = None) -> str | None:
+        """Checkpoint `step`; returns the directory (None if a complete one existed). Time blocked is
+        in `last_blocked_s` (async: waiting for the previous upload + staging)."""
+        t0 = time.perf_counter()
+        self.wait()  # at most one save in flight
+        path = self._prepare_dir(step)
+        if path is None:
+            log.info("checkpoint for step %d already complete; not rewritten", step)
+            self.last_blocked_s = time.perf_counter() - t0
+            return None
+        state = self._state_dict()
+        writer = self.writer_factory(path)
+        use_async = self.async_save if blocking is None else not blocking
+        try:
+            if use_async and self._stager is not None:
+                future = dcp.async_save(
+                    state,
+                    storage_writer=writer,
+                    process_group=self.ctx.checkpoint_group,
+                    async_checkpointer_type=AsyncCheckpointerType.THREAD,
+                    async_stager=self._stager,
+                )
+                if not isinstance(future, Future):  # AsyncSaveResponse (async staging): not our config
+                    future.staging_completion.result()
+                    future = future.upload_completion
+                with self._lock:
+                    self._inflight = (path, future)
+                self.last_blocked_s = time.perf_counter() - t0
+                return path
+            dcp.save(state, storage_writer=writer, process_group=self.ctx.checkpoint_group)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
+        self._after_save(path)
+        self.last_blocked_s = time.perf_counter() - t0
+        return path
+
+    def wait(self) -> str | None:
+        """Wait for the in-flight upload; raises CheckpointError if it failed. Returns its directory."""
+        with self._lock:
+            inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        path, future = inflight
+        try:
+            future.result()
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
+        self._after_save(path)
+        return path
+
+    def _after_save(self, path: str) -> None:
+        self.last_saved = path
+        if self.ctx.rank != 0:
+            return
+        protect = (os.path.basename(self.resumed_from),) if self.resumed_from else ()
+        try:
+            result = retention.apply(self.root, self.keep_last, protect)
+            if result.delete:
+                log.info("retention removed %s", ", ".join(result.delete))
+        except OSError as exc:  # retention must never fail training
+            log.warning("retention failed: %s", exc)
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+    # ---- load -----------------------------------------------------------------------------------
+    def load(self, path: str) -> int:
+        """Load a checkpoint written at any world size; returns its step. Fails loudly, naming it."""
+        path = path[len("file://") :] if path.startswith("file://") else path
+        path = os.path.normpath(path)
+        problem = None
+        if self.ctx.rank == 0:
+            name = os.path.basename(path)
+            if layout.parse_step_dir(name) is None:
+                problem = "not a step-<10 digits> checkpoint directory"
+            else:
+                verdict = layout.check_step(layout.LocalStore(os.path.dirname(path)), name)
+                problem = None if verdict.complete else verdict.reason
+        problem = self._broadcast(problem)
+        if problem:
+            raise CheckpointError(f"cannot resume from checkpoint {path}: {problem}")
+        state = self._state_dict()
+        try:
+            dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.ctx.checkpoint_group)
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+            self.train_state.load_state_dict(state["train"])
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"cannot resume from checkpoint {path}: {_describe(exc)}") from exc
+        self.resumed_from = path
+        return self.train_state.step
+
+    def resume(self, resume_from: str | None = None) -> str | None:
+        """Load `resume_from` or the operator's `$RTJ_RESUME_FROM`; None on a fresh start.
+
+        Deliberately does not fall back to scanning the root: the operator chose (and checked) the
+        checkpoint, and silently starting elsewhere would fork the run."""
+        target = resume_from or os.environ.get(contract.RESUME_FROM) or None
+        if target is None:
+            return None
+        self.load(target)
+        return self.resumed_from

@@ -1,0 +1,114 @@
+"""An explicit success signal the operator can trust more than an exit code.
+
+A worker can finish all its work and still exit 1 at interpreter shutdown (seen with gloo:
+`terminate called without an active exception`). So success is *recorded*, not inferred: local rank 0
+of every pod writes a one-line message to the pod's termination-message file (Kubernetes copies it
+into `status.containerStatuses[].state.terminated.message`), and global rank 0 also drops a marker file
+in the checkpoint root. The launcher reads the message back and exits 0 if the run succeeded even
+though a worker's exit code says otherwise.
+
+Message format (one line, `key=value` fields, parse with `parse_message`):
+    RTJ_SUCCEEDED step=120 attempt=2 world_size=4
+    RTJ_PREEMPTED step=57 checkpoint=/ckpt/step-0000000057 attempt=2 world_size=4
+
+Torch-free: the operator imports these constants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TERMINATION_LOG_DEFAULT = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+TERMINATION_LOG_ENV = "RTJ_TERMINATION_LOG"  # override (tests, or a pod spec with another path)
+SUCCEEDED = "RTJ_SUCCEEDED"
+PREEMPTED = "RTJ_PREEMPTED"
+KINDS = (SUCCEEDED, PREEMPTED)
+COMPLETED_MARKER_FILE = "_RTJ_COMPLETED"  # in the checkpoint root; never matches a step directory
+MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4096 bytes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A parsed completion message."""
+
+    kind: str
+    fields: dict[str, str]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.kind == SUCCEEDED
+
+
+def termination_log_path(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get(TERMINATION_LOG_ENV) or TERMINATION_LOG_DEFAULT
+
+
+def format_message(kind: str, **fields: object) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown completion kind {kind!r}")
+    parts = [kind]
+    for key, value in fields.items():
+        text = str(value)
+        if any(c.isspace() for c in text) or "=" in key:
+            raise ValueError(f"field {key}={text!r} must not contain whitespace")
+        parts.append(f"{key}={text}")
+    line = " ".join(parts)
+    if len(line.encode()) > MAX_MESSAGE_BYTES:
+        raise ValueError("completion message longer than a termination message may be")
+    return line
+
+
+def parse_message(text: str | None) -> Outcome | None:
+    """The outcome in a termination message (the last line that carries one), or None."""
+    if not text:
+        return None
+    for line in reversed(text.strip().splitlines()):
+        words = line.split()
+        if words and words[0] in KINDS:
+            fields = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+            return Outcome(words[0], fields)
+    return None
+
+
+def write_termination_message(kind: str, path: str | None = None, **fields: object) -> str:
+    """Write the message atomically enough for one writer per pod (local rank 0); returns it."""
+    line = format_message(kind, **fields)
+    target = path or termination_log_path()
+    with open(target, "w", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return line
+
+
+def read_termination_message(path: str | None = None) -> Outcome | None:
+    try:
+        with open(path or termination_log_path(), encoding="utf-8") as f:
+            return parse_message(f.read(MAX_MESSAGE_BYTES))
+    except OSError:
+        return None
+
+
+def write_completed_marker(checkpoint_root: str, **fields: object) -> str:
+    """Global rank 0 records the finished run in the checkpoint root (temp file + rename)."""
+    target = os.path.join(checkpoint_root, COMPLETED_MARKER_FILE)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"kind": SUCCEEDED, **{k: str(v) for k, v in fields.items()}}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def read_completed_marker(checkpoint_root: str) -> dict[str, str] | None:
+    try:
+        with open(os.path.join(checkpoint_root, COMPLETED_MARKER_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
