@@ -1,7 +1,8 @@
 """When a node counts as lost, and how many workers the healthy nodes can hold.
 
 A node is lost when it is deleted, when its Lease has not been renewed for the job's node-loss
-timeout, or when it has been NotReady/Unknown (or tainted unreachable/not-ready) for that long. A
+timeout, or when it has been NotReady/Unknown for that long (the unreachable/not-ready taints follow
+from that condition, so the condition's transition time is the clock). A
 node that flaps back within the timeout is not lost. Lease staleness is noticed by time passing,
 not by an event, so `next_loss_check` tells the shell when to look again.
 """
@@ -39,10 +40,6 @@ def node_loss(name: str, node: NodeView | None, now: datetime, timeout: float) -
         if since is None or now - since >= limit:
             reason = c.REASON_NODE_UNREACHABLE if node.ready == "Unknown" else c.REASON_NODE_NOT_READY
             return NodeLoss(name, reason, f"node {name} is Ready={node.ready} since {since}")
-    for taint in node.taints:
-        if taint.key in (c.TAINT_UNREACHABLE, c.TAINT_NOT_READY) and taint.effect == "NoExecute":
-            if node.ready != "True" and (node.ready_since is None or now - node.ready_since >= limit):
-                return NodeLoss(name, c.REASON_NODE_UNREACHABLE, f"node {name} is tainted {taint.key}")
     return None
 
 

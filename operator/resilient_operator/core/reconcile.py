@@ -1,0 +1,411 @@
+"""One reconcile: observed state in, a plan out. Pure; the status is edited in memory and written once.
+
+The state machine (status.phase):
+
+    Pending ─► Starting ─► Running ─► Succeeded
+                  ▲            │ failure / grow back / suspend
+                  │            ▼
+                  └── Restarting | BackingOff | WaitingForCapacity | Suspended ─► Failed (budget)
+
+Everything needed to continue lives in the cluster: the attempt number and launch parameters are in
+status and on the pods (labels, annotations), so an operator restarted at any point picks up here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from resilient_trainer.layout import Listing, Verdict, step_dir_name
+
+from resilient_operator import constants as c
+from resilient_operator.core import failures, nodes, render
+from resilient_operator.core.conditions import set_condition
+from resilient_operator.core.model import Job, NodeView, PodView
+from resilient_operator.core.plan import Event, Plan
+from resilient_operator.core.timeutil import fmt, parse
+from resilient_operator.core.worldsize import choose_replicas
+
+# Storage has no watch: a running job re-reads its checkpoint root this often (for status and grow-back).
+CHECKPOINT_POLL_SECONDS = 10.0
+# An unreadable checkpoint root is retried this often; a fix to a volume sends no event either.
+STORAGE_RETRY_SECONDS = 15.0
+MAX_SKIPPED_EVENTS = 3
+ACTIVE = (c.STARTING, c.RUNNING)
+
+
+class _Ctx:
+    """The inputs of one reconcile plus the status being edited."""
+
+    def __init__(self, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView],
+                 listing: Listing, now: datetime) -> None:  # fmt: skip
+        self.job = job
+        self.spec = job.spec
+        self.pods = list(pods)
+        self.nodes = node_map
+        self.listing = listing
+        self.now = now
+        self.ts = fmt(now)
+        self.status: dict[str, Any] = copy.deepcopy(dict(job.status))
+        self.plan = Plan(status=self.status)
+
+    def event(self, etype: str, reason: str, message: str) -> None:
+        self.plan.events.append(Event(etype, reason, message))
+
+    def condition(self, ctype: str, value: bool, reason: str, message: str) -> bool:
+        return set_condition(self.status, ctype, value, reason, message, self.ts, self.job.generation)
+
+    @property
+    def attempt(self) -> int:
+        return int(self.status.get("attempt") or 0)
+
+    @property
+    def phase(self) -> str:
+        return self.status.get("phase") or c.PENDING
+
+    def set_phase(self, phase: str) -> None:
+        self.status["phase"] = phase
+
+    def timeout(self) -> float:
+        return self.spec.node_loss_timeout
+
+
+def reconcile(
+    job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime
+) -> Plan:
+    """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes."""
+    ctx = _Ctx(job, pods, node_map, listing, now)
+    st = ctx.status
+    st["observedGeneration"] = job.generation
+    st["desiredReplicas"] = job.spec.replicas
+    st.setdefault("restarts", {"infrastructure": 0, "application": 0, "planned": 0})
+    _adopt_newer_attempt(ctx)
+    _observe_checkpoints(ctx)
+
+    if ctx.phase in c.TERMINAL_PHASES:
+        _finish_terminal(ctx)
+    else:
+        _fence_older_attempts(ctx)
+        if job.spec.suspend:
+            _suspend(ctx)
+        elif ctx.phase in ACTIVE:
+            _watch_attempt(ctx)
+        if ctx.phase not in ACTIVE and ctx.phase not in c.TERMINAL_PHASES and not job.spec.suspend:
+            _relaunch(ctx)
+    _summarise(ctx)
+    return ctx.plan
+
+
+def _current(ctx: _Ctx) -> list[PodView]:
+    return [p for p in ctx.pods if p.attempt == ctx.attempt]
+
+
+def _adopt_newer_attempt(ctx: _Ctx) -> None:
+    """Pods of an attempt newer than status exist: a status write was lost. Rebuild it from the pods."""
+    newest = max((p.attempt for p in ctx.pods), default=0)
+    if newest <= ctx.attempt:
+        return
+    pods = [p for p in ctx.pods if p.attempt == newest]
+    ann = pods[0].annotations
+    st = ctx.status
+    st["attempt"] = newest
+    st["replicas"] = int(ann.get(c.ANNOTATION_REPLICAS, len(pods)))
+    if c.ANNOTATION_RESUME_FROM in ann:
+        st["resumedFrom"] = {"path": ann[c.ANNOTATION_RESUME_FROM], "step": int(ann[c.ANNOTATION_RESUME_STEP])}
+    else:
+        st.pop("resumedFrom", None)
+    if ctx.phase not in c.TERMINAL_PHASES:
+        ctx.set_phase(c.STARTING)
+    _open_history(ctx, newest, st["replicas"], st.get("resumedFrom", {}).get("step"))
+
+
+def _observe_checkpoints(ctx: _Ctx) -> None:
+    listing, st = ctx.listing, ctx.status
+    if listing.error and not listing.missing:
+        if ctx.condition(c.COND_STORAGE, False, c.REASON_STORAGE_UNREADABLE,
+                         f"{listing.error}; the job will not restart until the checkpoint root is readable "
+                         "by the operator (check the volume mount and its permissions)"):  # fmt: skip
+            ctx.event("Warning", c.REASON_STORAGE_UNREADABLE, listing.error)
+        ctx.plan.look_again(STORAGE_RETRY_SECONDS)
+        return
+    if listing.missing and st.get("latestCheckpoint"):
+        message = f"{listing.error}, but checkpoints were seen there before; is the volume mounted?"
+        if ctx.condition(c.COND_STORAGE, False, c.REASON_STORAGE_UNREADABLE, message):
+            ctx.event("Warning", c.REASON_STORAGE_UNREADABLE, f"{listing.error} (it held checkpoints before)")
+        ctx.plan.look_again(STORAGE_RETRY_SECONDS)
+        return
+    ctx.condition(c.COND_STORAGE, True, c.REASON_STORAGE_OK, f"checkpoint root {listing.root} is readable")
+    if listing.latest:
+        st["latestCheckpoint"] = {"path": listing.latest.path, "step": listing.latest.step}
+
+
+def _storage_ok(ctx: _Ctx) -> bool:
+    return not (ctx.listing.error and (not ctx.listing.missing or ctx.status.get("latestCheckpoint")))
+
+
+def _lost_node_names(ctx: _Ctx, pods: Sequence[PodView]) -> set[str]:
+    return set(failures.lost_nodes(pods, ctx.nodes, ctx.now, ctx.timeout()))
+
+
+def _fence(ctx: _Ctx, pods: Sequence[PodView]) -> None:
+    """Delete pods; those on lost nodes with grace period 0, since no kubelet will confirm the kill."""
+    lost = _lost_node_names(ctx, pods)
+    planned = set(ctx.plan.delete) | set(ctx.plan.force_delete)
+    for pod in pods:
+        if pod.name in planned:
+            continue
+        if pod.node_name in lost:
+            ctx.plan.force_delete.append(pod.name)
+        elif not pod.deleting:
+            ctx.plan.delete.append(pod.name)
+
+
+def _fence_older_attempts(ctx: _Ctx) -> None:
+    _fence(ctx, [p for p in ctx.pods if p.attempt < ctx.attempt])
+
+
+def _finish_terminal(ctx: _Ctx) -> None:
+    """A finished job keeps its completed pods for logs; a failed one stops whatever still runs."""
+    if ctx.phase == c.FAILED:
+        _fence(ctx, [p for p in ctx.pods if p.phase not in ("Succeeded", "Failed")])
+
+
+def _suspend(ctx: _Ctx) -> None:
+    _fence(ctx, ctx.pods)
+    if ctx.phase != c.SUSPENDED:
+        _close_history(ctx, c.REASON_SUSPENDED)
+        ctx.set_phase(c.SUSPENDED)
+        ctx.condition(c.COND_RUNNING, False, c.REASON_SUSPENDED, "the job is suspended")
+        ctx.event("Normal", c.REASON_SUSPENDED, f"suspended attempt {ctx.attempt}; its pods are being deleted "
+                  "and the job resumes from the latest checkpoint when spec.suspend is false")  # fmt: skip
+    ctx.condition(c.COND_SUSPENDED, True, c.REASON_SUSPENDED, "spec.suspend is true")
+
+
+def _watch_attempt(ctx: _Ctx) -> None:
+    """The attempt is starting or running: detect success, failure, missing pods and grow-back."""
+    st, spec = ctx.status, ctx.spec
+    replicas = int(st.get("replicas") or 0)
+    current = _current(ctx)
+    all_created = ctx.phase == c.RUNNING
+    if failures.all_succeeded(current, replicas):
+        _succeed(ctx)
+        return
+    failure = failures.detect(current, replicas, all_created, ctx.nodes, ctx.now, ctx.timeout())
+    if failure:
+        _on_failure(ctx, failure, current)
+        return
+    present = {p.rank for p in current}
+    if ctx.phase == c.STARTING:
+        missing = [r for r in range(replicas) if r not in present]
+        resume = _resume_verdict(st)
+        for rank in missing:  # a crash between the status write and the creates
+            ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume))
+        if not missing and all(p.phase == "Running" for p in current):
+            ctx.set_phase(c.RUNNING)
+            _history_nodes(ctx, current)
+            ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
+            ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
+            ctx.event("Normal", c.REASON_ALL_RUNNING,
+                      f"attempt {ctx.attempt}: all {replicas} workers running")  # fmt: skip
+    if ctx.phase == c.RUNNING and spec.elastic.grow_back:
+        _consider_grow_back(ctx, current)
+    for name in {p.node_name for p in current if p.node_name}:
+        node = ctx.nodes.get(name)
+        if node:
+            ctx.plan.look_again(nodes.next_loss_check(node, ctx.now, ctx.timeout()))
+    ctx.plan.look_again(CHECKPOINT_POLL_SECONDS)
+
+
+def _resume_verdict(st: Mapping[str, Any]) -> Verdict | None:
+    resumed = st.get("resumedFrom")
+    return Verdict(resumed["step"], resumed["path"], True) if resumed else None
+
+
+def _succeed(ctx: _Ctx) -> None:
+    st = ctx.status
+    ctx.set_phase(c.SUCCEEDED)
+    st["completionTime"] = ctx.ts
+    _close_history(ctx, c.REASON_COMPLETED)
+    ctx.condition(c.COND_SUCCEEDED, True, c.REASON_COMPLETED, "all workers finished")
+    ctx.condition(c.COND_RUNNING, False, c.REASON_COMPLETED, "the job finished")
+    ctx.condition(c.COND_RECOVERING, False, c.REASON_COMPLETED, "the job finished")
+    ctx.event("Normal", c.REASON_COMPLETED,
+              f"all {st.get('replicas')} workers of attempt {ctx.attempt} finished")  # fmt: skip
+
+
+def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]) -> None:
+    st, fp = ctx.status, ctx.spec.failure
+    restarts = st["restarts"]
+    infra = failure.kind == c.INFRASTRUCTURE
+    key, limit = ("infrastructure", fp.max_infrastructure_restarts) if infra else (
+        "application", fp.max_application_restarts)  # fmt: skip
+    last = {"kind": failure.kind, "reason": failure.reason, "message": failure.message,
+            "attempt": ctx.attempt, "time": ctx.ts}  # fmt: skip
+    for field, value in (("node", failure.node), ("pod", failure.pod), ("exitCode", failure.exit_code)):
+        if value is not None:
+            last[field] = value
+    st["lastFailure"] = last
+    _close_history(ctx, failure.reason)
+    _fence(ctx, current)
+    where = f" on node {failure.node}" if failure.node else ""
+    ctx.event("Warning", failure.reason, f"attempt {ctx.attempt} broken{where}: {failure.message}")
+    if restarts.get(key, 0) >= limit:
+        budget = c.REASON_INFRA_BUDGET if infra else c.REASON_APP_BUDGET
+        _fail(ctx, budget, f"{failure.kind.lower()} restart budget ({limit}) is spent; last failure: "
+              f"{failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
+              "checkpoints are kept")  # fmt: skip
+        return
+    restarts[key] = restarts.get(key, 0) + 1
+    ctx.condition(c.COND_RUNNING, False, failure.reason, failure.message)
+    ctx.condition(c.COND_RECOVERING, True, failure.reason,
+                  f"fencing attempt {ctx.attempt} and restarting: {failure.message}")  # fmt: skip
+    if infra:
+        ctx.set_phase(c.RESTARTING)
+        return
+    n = restarts[key]
+    delay = min(fp.backoff_seconds * 2 ** (n - 1), fp.max_backoff_seconds)
+    st["nextRetryTime"] = fmt(ctx.now + timedelta(seconds=delay))
+    ctx.set_phase(c.BACKING_OFF)
+    ctx.event("Normal", c.REASON_BACKOFF, f"application restart {n}/{limit} in {delay}s")
+
+
+def _fail(ctx: _Ctx, reason: str, message: str) -> None:
+    ctx.set_phase(c.FAILED)
+    ctx.status["completionTime"] = ctx.ts
+    ctx.condition(c.COND_FAILED, True, reason, message)
+    ctx.condition(c.COND_RUNNING, False, reason, message)
+    ctx.condition(c.COND_RECOVERING, False, reason, "the job failed")
+    ctx.event("Warning", reason, message)
+
+
+def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
+    """More capacity than we run on: grow at the first complete checkpoint written after noticing it."""
+    st, spec = ctx.status, ctx.spec
+    cap, _ = nodes.capacity(ctx.nodes, spec.template, ctx.now, ctx.timeout())
+    target = choose_replicas(spec.replicas, spec.elastic, cap)
+    replicas = int(st.get("replicas") or 0)
+    latest = (st.get("latestCheckpoint") or {}).get("step", -1)
+    if target is None or target <= replicas:
+        st.pop("growBack", None)
+        return
+    pending = st.get("growBack")
+    if not pending:
+        st["growBack"] = {"replicas": target, "sinceStep": latest}
+        ctx.event("Normal", c.REASON_GROW_BACK, f"capacity for {target} workers is back; growing from "
+                  f"{replicas} at the next complete checkpoint")  # fmt: skip
+        return
+    pending["replicas"] = target
+    if latest > pending["sinceStep"]:
+        st.pop("growBack", None)
+        st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
+        _close_history(ctx, c.REASON_GROW_BACK)
+        _fence(ctx, current)
+        ctx.set_phase(c.RESTARTING)
+        ctx.condition(c.COND_RECOVERING, True, c.REASON_GROW_BACK,
+                      f"growing {replicas} -> {target} workers from {step_dir_name(latest)}")  # fmt: skip
+        ctx.event("Normal", c.REASON_GROW_BACK,
+                  f"growing {replicas} -> {target} workers from {step_dir_name(latest)}")  # fmt: skip
+
+
+def _relaunch(ctx: _Ctx) -> None:
+    """Between attempts: wait for the fenced pods to go, for backoff, capacity and storage; then launch."""
+    st, spec = ctx.status, ctx.spec
+    if ctx.phase == c.SUSPENDED:
+        ctx.condition(c.COND_SUSPENDED, False, c.REASON_RESUMED, "spec.suspend is false")
+        st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
+        ctx.set_phase(c.RESTARTING)
+        ctx.event("Normal", c.REASON_RESUMED, "resuming from the latest complete checkpoint")
+    leftovers = [p for p in ctx.pods if p.attempt <= ctx.attempt]
+    if leftovers:
+        _fence(ctx, leftovers)
+        return  # their deletion events bring us back
+    if ctx.phase == c.BACKING_OFF:
+        retry = parse(st.get("nextRetryTime"))
+        if retry and ctx.now < retry:
+            ctx.plan.look_again((retry - ctx.now).total_seconds())
+            return
+    cap, _ = nodes.capacity(ctx.nodes, spec.template, ctx.now, ctx.timeout())
+    replicas = choose_replicas(spec.replicas, spec.elastic, cap)
+    if replicas is None:
+        message = (f"need at least {spec.elastic.min_replicas} workers (a multiple of "
+                   f"{spec.elastic.multiple_of}) but the healthy schedulable nodes hold {cap}; "
+                   "waiting for nodes to join or recover")  # fmt: skip
+        if ctx.phase != c.WAITING_FOR_CAPACITY:
+            ctx.event("Warning", c.REASON_BELOW_MIN, message)
+        ctx.set_phase(c.WAITING_FOR_CAPACITY)
+        ctx.condition(c.COND_CAPACITY, False, c.REASON_BELOW_MIN, message)
+        return  # node events bring us back
+    ctx.condition(c.COND_CAPACITY, True, c.REASON_ENOUGH, f"the healthy nodes hold {cap} workers")
+    if not _storage_ok(ctx):
+        return  # the storage condition says why; retried on a timer
+    _launch(ctx, replicas)
+
+
+def _launch(ctx: _Ctx, replicas: int) -> None:
+    st, spec, listing = ctx.status, ctx.spec, ctx.listing
+    previous = int(st.get("replicas") or 0)
+    attempt = ctx.attempt + 1
+    resume = listing.latest
+    for skipped in listing.skipped[:MAX_SKIPPED_EVENTS]:
+        ctx.event("Warning", c.REASON_CHECKPOINT_SKIPPED,
+                  f"not resuming from {skipped.path}: {skipped.reason}")  # fmt: skip
+    st["attempt"] = attempt
+    st["replicas"] = replicas
+    st.pop("nextRetryTime", None)
+    st.pop("growBack", None)
+    st.setdefault("startTime", ctx.ts)
+    if resume:
+        st["resumedFrom"] = {"path": resume.path, "step": resume.step}
+    else:
+        st.pop("resumedFrom", None)
+    ctx.set_phase(c.STARTING)
+    _open_history(ctx, attempt, replicas, resume.step if resume else None)
+    ctx.plan.create.append(render.service_manifest(ctx.job))
+    for rank in range(replicas):
+        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume))
+    source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
+    if attempt == 1:
+        ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")
+    else:
+        failure = st.get("lastFailure") or {}
+        after = f" after: {failure['message']}" if failure.get("attempt") == attempt - 1 else ""
+        ctx.event("Normal", c.REASON_STARTED,
+                  f"restarted {previous} -> {replicas} workers {source} as attempt {attempt}{after}")  # fmt: skip
+
+
+def _open_history(ctx: _Ctx, attempt: int, replicas: int, resumed_step: int | None) -> None:
+    history: list[dict[str, Any]] = ctx.status.setdefault("history", [])
+    if history and history[-1].get("attempt") == attempt:
+        return
+    entry: dict[str, Any] = {"attempt": attempt, "replicas": replicas, "startTime": ctx.ts}
+    if resumed_step is not None:
+        entry["resumedFromStep"] = resumed_step
+    history.append(entry)
+    del history[: max(0, len(history) - c.HISTORY_LIMIT)]
+
+
+def _close_history(ctx: _Ctx, reason: str) -> None:
+    history = ctx.status.get("history") or []
+    if history and history[-1].get("attempt") == ctx.attempt and "endTime" not in history[-1]:
+        history[-1]["endTime"] = ctx.ts
+        history[-1]["endReason"] = reason
+
+
+def _history_nodes(ctx: _Ctx, pods: Sequence[PodView]) -> None:
+    history = ctx.status.get("history") or []
+    if history and history[-1].get("attempt") == ctx.attempt:
+        history[-1]["nodes"] = sorted({p.node_name for p in pods if p.node_name})
+
+
+def _summarise(ctx: _Ctx) -> None:
+    st = ctx.status
+    r = st["restarts"]
+    st["restartCount"] = int(r.get("infrastructure", 0)) + int(r.get("application", 0)) + int(r.get("planned", 0))
+    replicas = int(st.get("replicas") or 0)
+    running = sum(1 for p in _current(ctx) if p.phase == "Running" and not p.deleting)
+    st["workers"] = f"{running}/{ctx.spec.replicas}"
+    st["worldSize"] = replicas * ctx.spec.nproc_per_node
+    st.setdefault("attempt", 0)
+    st.setdefault("phase", c.PENDING)

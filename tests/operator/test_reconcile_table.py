@@ -1,0 +1,260 @@
+"""The decision core, one row per situation the operator must handle. No cluster, no clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from resilient_operator import constants as c
+from resilient_operator.core import Job, NodeView, PodView, reconcile
+from resilient_operator.core.timeutil import fmt
+from resilient_trainer import contract
+from resilient_trainer.layout import Listing
+from tests.operator.builders import (
+    CKPT_ROOT, NOW, gang, healthy, job, listing, node, nodes, pod, running_status,
+)  # fmt: skip
+
+
+@dataclass
+class Row:
+    name: str
+    job: Job
+    pods: list[PodView]
+    nodes: dict[str, NodeView]
+    listing: Listing = field(default_factory=listing)
+    phase: str = c.RUNNING
+    create_attempt: int | None = None  # a new gang of this attempt is created...
+    create_replicas: int | None = None  # ...with this many workers
+    create_count: int | None = None  # pods created, when not the whole gang
+    resume_step: int | None = None
+    delete: set[str] = field(default_factory=set)
+    force: set[str] = field(default_factory=set)
+    events: set[str] = field(default_factory=set)
+    status: dict[str, Any] = field(default_factory=dict)  # dotted path -> expected value
+
+
+def four_running(**overrides: Any) -> list[PodView]:
+    return gang(1, 4, **overrides)
+
+
+LOST_LEASE = {"n3": dict(lease_age=25.0)}
+ALL4 = {f"demo-a1-{r}" for r in range(4)}
+
+
+def nodes_with(count: int, **changes: dict[str, Any]) -> dict[str, NodeView]:
+    return nodes(*(node(f"n{i}", **changes.get(f"n{i}", {})) for i in range(count)))
+
+
+ROWS = [
+    Row("fresh start", job(), [], healthy(4), phase=c.STARTING, create_attempt=1, create_replicas=4,
+        events={c.REASON_STARTED}, status={"attempt": 1, "replicas": 4, "workers": "0/4"}),
+    Row("fresh start resumes an existing complete checkpoint", job(), [], healthy(4), listing=listing(10, 20),
+        phase=c.STARTING, create_attempt=1, create_replicas=4, resume_step=20,
+        status={"resumedFrom.step": 20, "latestCheckpoint.step": 20}),
+    Row("fresh start on short capacity starts smaller", job(), [], healthy(3), phase=c.STARTING,
+        create_attempt=1, create_replicas=3),
+    Row("all pods created and running", job(running_status(phase=c.STARTING)), four_running(), healthy(4),
+        events={c.REASON_ALL_RUNNING}, status={"workers": "4/4", "conditions.Running": "True"}),
+    Row("steady state does nothing", job(running_status()), four_running(), healthy(4), listing=listing(30),
+        status={"latestCheckpoint.step": 30, "restartCount": 0}),
+    Row("one worker's node NotReady past the timeout", job(running_status()), four_running(),
+        nodes_with(4, n2=dict(ready="False", since=timedelta(seconds=30))), listing=listing(10),
+        phase=c.RESTARTING, force={"demo-a1-2"}, delete={"demo-a1-0", "demo-a1-1", "demo-a1-3"},
+        events={c.REASON_NODE_LOST}, status={"restarts.infrastructure": 1, "lastFailure.node": "n2"}),
+    Row("NotReady within the timeout (flapping) is not a loss", job(running_status()), four_running(),
+        nodes_with(4, n2=dict(ready="False", since=timedelta(seconds=5)))),
+    Row("lease stale past the timeout while Ready=True", job(running_status()), four_running(),
+        nodes_with(4, **LOST_LEASE), listing=listing(10), phase=c.RESTARTING, force={"demo-a1-3"},
+        delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"}, events={c.REASON_NODE_LOST},
+        status={"lastFailure.node": "n3", "lastFailure.kind": c.INFRASTRUCTURE, "restarts.infrastructure": 1,
+                "conditions.Recovering": "True"}),
+    Row("a node deleted", job(running_status()), four_running(), healthy(3), phase=c.RESTARTING,
+        force={"demo-a1-3"}, delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"}, events={c.REASON_NODE_LOST},
+        status={"lastFailure.node": "n3"}),
+    Row("two nodes lost at once: one restart", job(running_status()), four_running(),
+        nodes_with(4, n2=dict(lease_age=30.0), n3=dict(lease_age=22.0)), phase=c.RESTARTING,
+        force={"demo-a1-2", "demo-a1-3"}, delete={"demo-a1-0", "demo-a1-1"},
+        status={"restarts.infrastructure": 1, "lastFailure.node": "n2"}),
+    Row("app failure: exit 1 with no infrastructure cause backs off", job(running_status()),
+        four_running(r1=dict(phase="Failed", exit_code=1)), healthy(4), phase=c.BACKING_OFF,
+        delete={f"demo-a1-{r}" for r in range(4)}, events={c.REASON_APP_FAILED, c.REASON_BACKOFF},
+        status={"restarts.application": 1, "restarts.infrastructure": 0, "lastFailure.exitCode": 1,
+                "nextRetryTime": fmt(NOW + timedelta(seconds=10))}),
+    Row("backoff elapsed: relaunch", job(running_status(phase=c.BACKING_OFF, nextRetryTime=fmt(NOW),
+        restarts={"infrastructure": 0, "application": 1, "planned": 0})), [], healthy(4), listing=listing(5),
+        phase=c.STARTING, create_attempt=2, create_replicas=4, resume_step=5),
+    Row("backoff not yet elapsed: wait", job(running_status(
+        phase=c.BACKING_OFF, nextRetryTime=fmt(NOW + timedelta(seconds=30)))), [], healthy(4),
+        phase=c.BACKING_OFF),
+    Row("peer failures after a node loss are infrastructure", job(running_status()),
+        four_running(r0=dict(phase="Failed", exit_code=1)), nodes_with(4, n3=dict(lease_age=40.0)),
+        phase=c.RESTARTING, force={"demo-a1-3"}, delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"},
+        status={"restarts.infrastructure": 1, "restarts.application": 0}),
+    Row("evicted pod (DisruptionTarget)", job(running_status()),
+        four_running(r2=dict(disruption="EvictionByEvictionAPI")), healthy(4), phase=c.RESTARTING, delete=ALL4,
+        status={"lastFailure.reason": c.REASON_EVICTED, "restarts.infrastructure": 1}),
+    Row("preempted pod", job(running_status()), four_running(r0=dict(disruption="PreemptionByScheduler",
+        phase="Failed", exit_code=137)), healthy(4), phase=c.RESTARTING, delete=ALL4,
+        status={"lastFailure.reason": c.REASON_PREEMPTED}),
+    Row("pod deleted by someone", job(running_status()), four_running()[:3], healthy(4), phase=c.RESTARTING,
+        delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"},
+        status={"lastFailure.reason": c.REASON_POD_DELETED}),
+    Row("fenced pods still terminating: wait for them", job(running_status(phase=c.RESTARTING)),
+        four_running(r0=dict(deleting=True), r1=dict(deleting=True)), healthy(4), phase=c.RESTARTING,
+        delete={"demo-a1-2", "demo-a1-3"}),
+    Row("capacity below minimum: wait with a condition", job(running_status(phase=c.RESTARTING)), [],
+        healthy(1), phase=c.WAITING_FOR_CAPACITY, events={c.REASON_BELOW_MIN},
+        status={"conditions.CapacityAvailable": "False"}),
+    Row("capacity back while waiting: launch", job(running_status(phase=c.WAITING_FOR_CAPACITY)), [],
+        healthy(2), listing=listing(40), phase=c.STARTING, create_attempt=2, create_replicas=2, resume_step=40),
+    Row("world size rounded down to the allowed multiple",
+        job(elasticPolicy={"minReplicas": 2, "replicasMultipleOf": 2}), [], healthy(3),
+        phase=c.STARTING, create_attempt=1, create_replicas=2),
+    Row("cordoned and tainted nodes are not capacity", job(), [],
+        nodes(node("n0"), node("n1"), node("n2", unschedulable=True),
+              node("n3", taints=[{"key": "maint", "effect": "NoSchedule"}])),
+        phase=c.STARTING, create_attempt=1, create_replicas=2),
+    Row("capacity back: grow-back waits for the next checkpoint", job(running_status(replicas=3)),
+        gang(1, 3), healthy(4), listing=listing(50), events={c.REASON_GROW_BACK},
+        status={"growBack.replicas": 4, "growBack.sinceStep": 50}),
+    Row("grow back at the next checkpoint", job(running_status(replicas=3,
+        growBack={"replicas": 4, "sinceStep": 50})), gang(1, 3), healthy(4), listing=listing(60),
+        phase=c.RESTARTING, delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"}, events={c.REASON_GROW_BACK},
+        status={"restarts.planned": 1, "restarts.infrastructure": 0}),
+    Row("grow-back disabled: keep running smaller",
+        job(running_status(replicas=3), elasticPolicy={"minReplicas": 2, "growBack": False}),
+        gang(1, 3), healthy(4), listing=listing(60)),
+    Row("infrastructure budget exhausted: Failed", job(running_status(
+        restarts={"infrastructure": 10, "application": 0, "planned": 0})), four_running(),
+        nodes_with(4, **LOST_LEASE), phase=c.FAILED, force={"demo-a1-3"}, delete=ALL4 - {"demo-a1-3"},
+        events={c.REASON_INFRA_BUDGET}, status={"conditions.Failed": "True"}),
+    Row("application budget exhausted: Failed", job(running_status(
+        restarts={"infrastructure": 0, "application": 3, "planned": 0})),
+        four_running(r0=dict(phase="Failed", exit_code=2)), healthy(4), phase=c.FAILED, delete=ALL4,
+        events={c.REASON_APP_BUDGET}, status={"conditions.Failed": "True"}),
+    Row("image cannot start is an application failure", job(running_status(phase=c.STARTING)),
+        four_running(r1=dict(phase="Pending", waiting="ImagePullBackOff")), healthy(4), phase=c.BACKING_OFF,
+        delete=ALL4,
+        status={"lastFailure.reason": c.REASON_IMAGE_CANNOT_START}),
+    Row("success", job(running_status()), gang(1, 4, phase="Succeeded"), healthy(4), phase=c.SUCCEEDED,
+        events={c.REASON_COMPLETED}, status={"conditions.Succeeded": "True"}),
+    Row("success recorded by the marker despite an abort at exit", job(running_status()),
+        four_running(**{f"r{i}": dict(phase="Failed", exit_code=1, message=contract.COMPLETION_MARKER)
+                        for i in range(4)}), healthy(4), phase=c.SUCCEEDED),
+    Row("suspend deletes the gang gracefully", job(running_status(), suspend=True), four_running(), healthy(4),
+        phase=c.SUSPENDED, delete={f"demo-a1-{r}" for r in range(4)}, events={c.REASON_SUSPENDED},
+        status={"conditions.Suspended": "True", "restarts.infrastructure": 0}),
+    Row("resume after suspend", job(running_status(phase=c.SUSPENDED)), [], healthy(4), listing=listing(70),
+        phase=c.STARTING, create_attempt=2, create_replicas=4, resume_step=70, events={c.REASON_RESUMED},
+        status={"restarts.planned": 1, "conditions.Suspended": "False"}),
+    Row("operator restarted mid-recovery: the newer attempt survives", job(running_status()),
+        gang(1, 4, r3=dict(deleting=True)) + gang(2, 3, **{f"r{r}": dict(resume=(f"{CKPT_ROOT}/x", 9)) for r in range(3)}),
+        healthy(4), delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"},
+        status={"attempt": 2, "replicas": 3, "resumedFrom.step": 9}),
+    Row("status write lost after launch: missing ranks are created, not a new attempt",
+        job(running_status(attempt=2, replicas=3, phase=c.STARTING)), gang(2, 3)[:1], healthy(4),
+        phase=c.STARTING, create_attempt=2, create_replicas=3, create_count=2),
+    Row("unreadable checkpoint root: no restart from scratch", job(running_status(phase=c.RESTARTING,
+        latestCheckpoint={"path": "x", "step": 5})), [], healthy(4),
+        listing=listing(error="checkpoint root /ckpt/demo is not readable (permission denied)"),
+        phase=c.RESTARTING, events={c.REASON_STORAGE_UNREADABLE},
+        status={"conditions.CheckpointStorageReady": "False"}),
+    Row("missing root after checkpoints were seen: wait", job(running_status(phase=c.RESTARTING,
+        latestCheckpoint={"path": "x", "step": 5})), [], healthy(4),
+        listing=listing(error="gone", missing=True), phase=c.RESTARTING),
+    Row("checkpoints skipped are named in events", job(running_status(phase=c.RESTARTING)), [], healthy(4),
+        listing=listing(10, skipped=((30, "no .metadata"), (20, "shard __0_0.distcp is truncated"))),
+        phase=c.STARTING, create_attempt=2, create_replicas=4, resume_step=10,
+        events={c.REASON_CHECKPOINT_SKIPPED, c.REASON_STARTED}),
+    Row("finished job stays finished", job(running_status(phase=c.SUCCEEDED)), gang(1, 4, phase="Succeeded"),
+        healthy(0), phase=c.SUCCEEDED),
+]  # fmt: skip
+
+
+def lookup(status: dict[str, Any], dotted: str) -> Any:
+    head, _, rest = dotted.partition(".")
+    if head == "conditions":
+        conds = {cond["type"]: cond["status"] for cond in status.get("conditions", [])}
+        return conds.get(rest)
+    value = status.get(head)
+    return lookup(value, rest) if rest and isinstance(value, dict) else value
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_reconcile(row: Row) -> None:
+    plan = reconcile(row.job, row.pods, row.nodes, row.listing, NOW)
+    assert plan.status["phase"] == row.phase
+    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    if row.create_attempt is None:
+        assert not pods, [p["metadata"]["name"] for p in pods]
+    else:
+        assert {p["metadata"]["labels"][c.LABEL_ATTEMPT] for p in pods} == {str(row.create_attempt)}
+        assert len(pods) == (row.create_count or row.create_replicas)
+        assert plan.status["attempt"] == row.create_attempt
+        for p in pods:
+            env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
+            assert env[contract.NNODES] == str(row.create_replicas)
+            if row.resume_step is None:
+                assert contract.RESUME_FROM not in env
+            else:
+                assert env[contract.RESUME_FROM] == f"{CKPT_ROOT}/step-{row.resume_step:010d}"
+    assert set(plan.delete) == row.delete
+    assert set(plan.force_delete) == row.force
+    assert row.events <= {e.reason for e in plan.events}, plan.events
+    for path, expected in row.status.items():
+        assert lookup(plan.status, path) == expected, (path, plan.status)
+    assert not (set(plan.delete) & set(plan.force_delete))
+
+
+def test_no_events_when_nothing_changes() -> None:
+    """Reconciling the written status again is a fixed point: no duplicate events or creates."""
+    row = next(r for r in ROWS if r.name.startswith("lease stale"))
+    first = reconcile(row.job, row.pods, row.nodes, row.listing, NOW)
+    again = job(first.status)
+    deleting = [pod(1, r, node_name=f"n{r}", deleting=True) for r in range(4)]
+    second = reconcile(again, deleting, row.nodes, row.listing, NOW)
+    assert second.events == []
+    assert second.create == []
+    assert set(second.force_delete) == {"demo-a1-3"}  # still there: force again, idempotent
+    assert second.status["restarts"]["infrastructure"] == 1
+
+
+def test_recovery_sequence_ends_with_one_smaller_gang() -> None:
+    """Loss -> fence -> relaunch across reconciles, as the shell would drive it."""
+    j = job(running_status())
+    lost = nodes_with(4, n3=dict(lease_age=25.0))
+    plan = reconcile(j, four_running(), lost, listing(10), NOW)
+    assert plan.status["phase"] == c.RESTARTING
+    survivors = [pod(1, r, node_name=f"n{r}", deleting=True) for r in range(3)]
+    plan = reconcile(job(plan.status), survivors, lost, listing(10), NOW)
+    assert plan.create == [] and plan.status["phase"] == c.RESTARTING
+    plan = reconcile(job(plan.status), [], lost, listing(10), NOW)
+    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["demo-a2-0", "demo-a2-1", "demo-a2-2"]
+    assert any("restarted 4 -> 3 workers from step-0000000010" in e.message for e in plan.events)
+    history = plan.status["history"]
+    assert [h["attempt"] for h in history] == [1, 2]
+    assert history[0]["endReason"] == c.REASON_NODE_LOST
+    assert all(p["spec"]["nodeName"] if "nodeName" in p["spec"] else True for p in pods)
+
+
+def test_lease_deadline_is_the_next_look() -> None:
+    """A silent node sends no event: the plan asks to look again when its lease would go stale."""
+    plan = reconcile(job(running_status()), four_running(), nodes_with(4, n1=dict(lease_age=15.0)), listing(), NOW)
+    assert plan.requeue_after == pytest.approx(5.0)
+
+
+def test_backoff_doubles() -> None:
+    j = job(running_status(restarts={"infrastructure": 0, "application": 2, "planned": 0}))
+    plan = reconcile(j, four_running(r1=dict(phase="Failed", exit_code=1)), healthy(4), listing(), NOW)
+    assert plan.status["nextRetryTime"] == fmt(NOW + timedelta(seconds=40))
+
+
+def test_core_never_plans_checkpoint_deletion() -> None:
+    """Plans only name pods to delete; checkpoints are the trainer's to retire."""
+    for row in ROWS:
+        plan = reconcile(row.job, row.pods, row.nodes, row.listing, NOW)
+        assert all(name.startswith("demo-a") for name in plan.delete + plan.force_delete)
