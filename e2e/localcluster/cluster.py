@@ -1,0 +1,502 @@
+"""A real Kubernetes control plane (etcd, apiserver, controller-manager, scheduler) as local processes.
+
+Unlike envtest, the controller-manager and scheduler run too, so node lifecycle (NotReady,
+unreachable taints, taint eviction), garbage collection and scheduling are Kubernetes' own.
+Nodes are simulated by `node_agent.py` processes that run pods as local processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import network
+from .binaries import REPO_ROOT, ensure_binaries
+from .pki import PKI
+
+K8S_SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+DEFAULT_IMAGE_ENTRYPOINTS: dict[str, list[str]] = {
+    # substring of the image name -> entrypoint used when a container has no `command`
+    "resilient-training-operator": ["python", "-m", "resilient_operator"],
+    "resilient-training-trainer": ["rtj-launch"],
+    "python": ["python"],
+    "busybox": ["sh"],
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (bind to 0 and release)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll `predicate` until it returns a truthy value or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # readiness probes fail in many ways while starting
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Freeze `pid`, then signal it and every descendant (found through /proc)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(children.get(p, []))
+    for p in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
+
+
+@dataclass
+class NodeHandle:
+    """Bookkeeping for one simulated node."""
+
+    name: str
+    index: int
+    address: str
+    dir: Path
+    config: Path
+    proc: subprocess.Popen[bytes] | None = None
+    killed: bool = False
+
+
+@dataclass
+class Component:
+    """One control-plane process and its log file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Cluster:
+    """A running local cluster. Create with `Cluster.start(...)`; stop with `.stop()`."""
+
+    name: str
+    dir: Path
+    bin_dir: Path
+    kubeconfig: Path
+    api_url: str
+    api_host: str
+    api_port: int
+    subnet: int
+    bridge: str
+    pki: PKI
+    node_monitor_grace_period: str
+    image_entrypoints: dict[str, list[str]]
+    python_bin_dir: Path
+    components: dict[str, Component] = field(default_factory=dict)
+    nodes: dict[str, NodeHandle] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- start/stop
+    @classmethod
+    def start(
+        cls,
+        name: str = "rtj",
+        *,
+        base_dir: Path | str | None = None,
+        node_monitor_grace_period: str = "8s",
+        node_monitor_period: str = "1s",
+        image_entrypoints: dict[str, list[str]] | None = None,
+        python_bin_dir: Path | str | None = None,
+        extra_apiserver_args: tuple[str, ...] = (),
+        extra_controller_manager_args: tuple[str, ...] = (),
+        timeout: float = 120,
+    ) -> Cluster:
+        """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait until ready.
+
+        `image_entrypoints` maps an image-name substring to the command run for a container
+        without `command` (images do not exist here); it extends DEFAULT_IMAGE_ENTRYPOINTS and
+        `RTJ_IMAGE_ENTRYPOINTS` (JSON). `python_bin_dir` goes first on pods' PATH so `python` is
+        the project venv's python (default: the directory of the running interpreter).
+        """
+        if os.geteuid() != 0:
+            raise RuntimeError("the local cluster needs root (network namespaces, mount namespaces)")
+        bin_dir = ensure_binaries()
+        base = Path(base_dir or os.environ.get("RTJ_CLUSTER_BASE", "/tmp/rtj-clusters"))
+        base.mkdir(parents=True, exist_ok=True)
+        cdir = base / f"{name}-{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
+        cdir.mkdir(parents=True)
+        bridge, x = network.allocate_bridge()
+        api_host = f"10.{x}.0.1"
+        entry = dict(DEFAULT_IMAGE_ENTRYPOINTS)
+        if os.environ.get("RTJ_IMAGE_ENTRYPOINTS"):
+            entry.update(json.loads(os.environ["RTJ_IMAGE_ENTRYPOINTS"]))
+        entry.update(image_entrypoints or {})
+        pki = PKI(cdir / "pki")
+        port = free_port(api_host)
+        cluster = cls(
+            name=name, dir=cdir, bin_dir=bin_dir, kubeconfig=cdir / "admin.kubeconfig",
+            api_url=f"https://{api_host}:{port}", api_host=api_host, api_port=port, subnet=x,
+            bridge=bridge, pki=pki, node_monitor_grace_period=node_monitor_grace_period,
+            image_entrypoints=entry,
+            python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent),
+        )
+        (cdir / "cluster.json").write_text(json.dumps(cluster.describe(), indent=2))
+        try:
+            cluster._start_control_plane(node_monitor_period, extra_apiserver_args,
+                                         extra_controller_manager_args, timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def describe(self) -> dict[str, Any]:
+        """What a shell user needs to reach this cluster (also written to cluster.json)."""
+        return {"name": self.name, "dir": str(self.dir), "kubeconfig": str(self.kubeconfig),
+                "api_url": self.api_url, "bin_dir": str(self.bin_dir), "bridge": self.bridge,
+                "subnet": f"10.{self.subnet}.0.0/16",
+                "pids": {n: c.proc.pid for n, c in self.components.items()},
+                "nodes": {n: (h.proc.pid if h.proc else None) for n, h in self.nodes.items()}}
+
+    def _spawn(self, name: str, args: list[str]) -> Component:
+        log = self.dir / "logs" / f"{name}.log"
+        log.parent.mkdir(exist_ok=True)
+        with log.open("ab") as out:
+            proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
+        comp = Component(name, proc, log)
+        self.components[name] = comp
+        return comp
+
+    def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path) -> None:
+        cfg = {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": self.name, "cluster": {"server": self.api_url,
+                                                         "certificate-authority": str(self.pki.ca_crt)}}],
+            "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+            "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": user}}],
+            "current-context": self.name,
+        }
+        path.write_text(json.dumps(cfg, indent=2))
+
+    def _start_control_plane(self, node_monitor_period: str, extra_api: tuple[str, ...],
+                             extra_kcm: tuple[str, ...], timeout: float) -> None:
+        pki, d = self.pki, self.dir
+        etcd_port, etcd_peer = free_port(), free_port()
+        kcm_port, sched_port = free_port(), free_port()
+        self._spawn("etcd", [
+            "--name=default", f"--data-dir={d / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync=true",  # test data: trade durability for speed on slow CI disks
+            "--log-level=warn",
+        ])
+        api_crt, api_key = pki.issue(
+            "apiserver", "kube-apiserver", server=True, client=False,
+            dns=("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                 "kubernetes.default.svc.cluster.local", "localhost"),
+            ips=(self.api_host, "127.0.0.1", "10.96.0.1"))
+        sa_key, sa_pub = pki.service_account_keys()
+        admin_crt, admin_key = pki.issue("admin", "kubernetes-admin", ("system:masters",))
+        kcm_crt, kcm_key = pki.issue("controller-manager", "system:kube-controller-manager")
+        sch_crt, sch_key = pki.issue("scheduler", "system:kube-scheduler")
+        self._write_kubeconfig(self.kubeconfig, "admin", admin_crt, admin_key)
+        kcm_kc, sch_kc = d / "controller-manager.kubeconfig", d / "scheduler.kubeconfig"
+        self._write_kubeconfig(kcm_kc, "system:kube-controller-manager", kcm_crt, kcm_key)
+        self._write_kubeconfig(sch_kc, "system:kube-scheduler", sch_crt, sch_key)
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=2).status == 200,
+                 timeout, "etcd /health")
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--bind-address={self.api_host}", f"--advertise-address={self.api_host}",
+            f"--secure-port={self.api_port}",
+            f"--tls-cert-file={api_crt}", f"--tls-private-key-file={api_key}",
+            f"--client-ca-file={pki.ca_crt}",
+            f"--service-account-issuer={SA_ISSUER}",
+            f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
+            "--authorization-mode=Node,RBAC",
+            # The default plugin set is on; NodeRestriction is added as every real cluster does,
+            # so simulated nodes are held to what a kubelet may do.
+            "--enable-admission-plugins=NodeRestriction",
+            f"--service-cluster-ip-range={K8S_SERVICE_CIDR}",
+            "--allow-privileged=true", "--profiling=false", "--v=1",
+            *extra_api,
+        ])
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={kcm_kc}", f"--authentication-kubeconfig={kcm_kc}",
+            f"--authorization-kubeconfig={kcm_kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
+            f"--service-account-private-key-file={sa_key}", f"--root-ca-file={pki.ca_crt}",
+            "--use-service-account-credentials=true", "--leader-elect=false",
+            f"--node-monitor-grace-period={self.node_monitor_grace_period}",
+            f"--node-monitor-period={node_monitor_period}",
+            f"--cluster-name={self.name}", "--profiling=false", "--v=1",
+            *extra_kcm,
+        ])
+        self._spawn("kube-scheduler", [
+            f"--kubeconfig={sch_kc}", f"--authentication-kubeconfig={sch_kc}",
+            f"--authorization-kubeconfig={sch_kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--leader-elect=false",
+            "--profiling=false", "--v=1",
+        ])
+        ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
+        ctx.load_cert_chain(str(admin_crt), str(admin_key))
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+
+        def ok(url: str, context: ssl.SSLContext) -> bool:
+            self._check_alive()
+            return urllib.request.urlopen(url, timeout=2, context=context).status == 200
+
+        wait_for(lambda: ok(f"{self.api_url}/readyz", ctx), timeout, "kube-apiserver /readyz")
+        wait_for(lambda: ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure), timeout,
+                 "kube-controller-manager /healthz")
+        wait_for(lambda: ok(f"https://127.0.0.1:{sched_port}/healthz", insecure), timeout,
+                 "kube-scheduler /healthz")
+        # The default ServiceAccount appears once the controller-manager's SA controller runs;
+        # pods created before that are rejected, so wait for it as `kubectl` users would.
+        wait_for(lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
+                 timeout, "default ServiceAccount")
+        (self.dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+
+    def _check_alive(self) -> None:
+        for comp in self.components.values():
+            if comp.proc.poll() is not None:
+                tail = comp.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{comp.name} exited with {comp.proc.returncode}; log {comp.log}:\n{tail}")
+
+    def stop(self, *, remove: bool = False) -> None:
+        """Kill every node and component, delete the network; keep the directory (logs) unless `remove`."""
+        for node in self.nodes.values():
+            if node.proc and node.proc.poll() is None:
+                kill_process_tree(node.proc.pid)
+                node.proc.wait(timeout=10)
+        for comp in reversed(list(self.components.values())):
+            if comp.proc.poll() is None:
+                comp.proc.terminate()
+                try:
+                    comp.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    comp.proc.kill()
+                    comp.proc.wait(timeout=10)
+        network.delete_netns_with_prefix(self.netns_prefix)
+        network.delete_bridge(self.bridge)
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def netns_prefix(self) -> str:
+        """Every pod namespace of this cluster starts with this."""
+        return f"rtj{self.subnet}-"
+
+    @property
+    def log_dir(self) -> Path:
+        """Component logs (`<component>.log`); node and pod logs live under nodes/."""
+        return self.dir / "logs"
+
+    # ---------------------------------------------------------------- nodes
+    def add_node(self, name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
+                 pods: int = 110, labels: dict[str, str] | None = None,
+                 taints: list[dict[str, str]] | None = None, wait: bool = True,
+                 timeout: float = 60) -> NodeHandle:
+        """Register a simulated node and start its agent; waits until the Node is Ready."""
+        if name in self.nodes:
+            raise ValueError(f"node {name} exists")
+        index = len(self.nodes) + 1
+        if index > 250:
+            raise ValueError("at most 250 nodes per cluster")
+        ndir = self.dir / "nodes" / name
+        ndir.mkdir(parents=True)
+        address = network.add_node_address(self.bridge, self.subnet, index)
+        crt, key = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
+        kc = ndir / "kubeconfig"
+        self._write_kubeconfig(kc, f"system:node:{name}", crt, key)
+        config = {
+            "node": name, "index": index, "address": address, "subnet": self.subnet,
+            "bridge": self.bridge, "gateway": self.api_host, "netns_prefix": self.netns_prefix,
+            "kubeconfig": str(kc), "api_host": self.api_host, "api_port": self.api_port,
+            "ca_crt": str(self.pki.ca_crt), "dir": str(ndir),
+            "hostpath_root": str(self.hostpath_root),
+            "capacity": {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "100Gi",
+                         **({"nvidia.com/gpu": str(gpus)} if gpus else {})},
+            "labels": labels or {}, "taints": taints or [],
+            "image_entrypoints": self.image_entrypoints,
+            "python_bin_dir": str(self.python_bin_dir),
+            "kubelet_version": self.version(),
+        }
+        cfg_path = ndir / "config.json"
+        cfg_path.write_text(json.dumps(config, indent=2))
+        handle = NodeHandle(name=name, index=index, address=address, dir=ndir, config=cfg_path)
+        self.nodes[name] = handle
+        self._start_agent(handle)
+        if wait:
+            self.wait_node_ready(name, timeout=timeout)
+        return handle
+
+    def _start_agent(self, node: NodeHandle) -> None:
+        log = node.dir / "agent.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                          os.environ.get("PYTHONPATH")]))}
+        with log.open("ab") as out:
+            node.proc = subprocess.Popen(
+                [sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                cwd=REPO_ROOT, env=env)
+        node.killed = False
+
+    def kill_node(self, name: str) -> None:
+        """The machine dies: SIGKILL the agent and every pod process; nothing is cleaned up in the API."""
+        node = self.nodes[name]
+        if node.proc and node.proc.poll() is None:
+            kill_process_tree(node.proc.pid)
+            node.proc.wait(timeout=10)
+        node.killed = True
+
+    def restore_node(self, name: str, *, wait: bool = True, timeout: float = 60) -> None:
+        """The machine reboots: a fresh agent reconciles with the API (Terminating pods get finalized)."""
+        node = self.nodes[name]
+        if node.proc and node.proc.poll() is None:
+            raise RuntimeError(f"node {name} is running")
+        self._start_agent(node)
+        if wait:
+            self.wait_node_ready(name, timeout=timeout)
+
+    def node_ready(self, name: str) -> bool:
+        """True when the Node's Ready condition is True."""
+        out = self.kubectl("get", "node", name, "-o",
+                           "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+        return out.returncode == 0 and out.stdout.strip() == "True"
+
+    def wait_node_ready(self, name: str, timeout: float = 60) -> None:
+        """Block until the node is Ready, failing early if its agent dies."""
+        node = self.nodes[name]
+
+        def ready() -> bool:
+            if node.proc and node.proc.poll() is not None:
+                tail = (node.dir / "agent.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"agent for {name} exited: {tail}")
+            return self.node_ready(name)
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"node {name} not Ready after {timeout}s; see {node.dir / 'agent.log'}")
+
+    # ---------------------------------------------------------------- volumes
+    @property
+    def hostpath_root(self) -> Path:
+        """hostPath volumes (and PVs) are rooted here, shared by every node: an RWX volume."""
+        return self.dir / "hostpath"
+
+    def host_path(self, path: str) -> Path:
+        """Where a pod-visible hostPath `path` lives on this machine."""
+        return self.hostpath_root / path.lstrip("/")
+
+    def create_shared_pvc(self, name: str, namespace: str = "default", size: str = "10Gi") -> Path:
+        """A ReadWriteMany PVC bound to a hostPath PV shared by all nodes; returns its host directory."""
+        pv_name = f"{namespace}-{name}"
+        pv_path = f"/rtj-shared/{namespace}/{name}"
+        host = self.host_path(pv_path)
+        host.mkdir(parents=True, exist_ok=True)
+        manifest = {"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"],
+                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                      "hostPath": {"path": pv_path, "type": "DirectoryOrCreate"},
+                      "claimRef": {"namespace": namespace, "name": name}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": name, "namespace": namespace},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
+                      "resources": {"requests": {"storage": size}}}},
+        ]}
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        return host
+
+    # ---------------------------------------------------------------- clients
+    def version(self) -> str:
+        """The Kubernetes version the binaries were built as (e.g. v1.34.4)."""
+        return self.bin_dir.name.split("-")[1]
+
+    def tool_env(self) -> dict[str, str]:
+        """Environment for kubectl/helm subprocesses: this cluster's kubeconfig, no user config."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "HELM_CACHE_HOME": str(self.dir / "helm/cache"),
+                "HELM_CONFIG_HOME": str(self.dir / "helm/config"), "HELM_DATA_HOME": str(self.dir / "helm/data"),
+                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; raises with stderr on failure when `check`."""
+        res = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                             check=False, capture_output=True, text=True, input=input, timeout=timeout,
+                             env=self.tool_env())
+        if check and res.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+        return res
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run helm against this cluster."""
+        res = subprocess.run([str(self.bin_dir / "helm"), f"--kubeconfig={self.kubeconfig}", *args], check=False,
+                             capture_output=True, text=True, timeout=timeout, env=self.tool_env())
+        if check and res.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+        return res
+
+    def api_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` authenticated as cluster admin."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """A pod container's stdout+stderr (there is no kubelet API, so `kubectl logs` cannot work)."""
+        for ndir in (self.dir / "nodes").glob("*"):
+            for d in sorted((ndir / "pods").glob(f"{namespace}_{pod}_*"), key=lambda p: p.stat().st_mtime):
+                logs = sorted(d.glob(f"{container or '*'}.log"))
+                if logs:
+                    return logs[0].read_text(errors="replace")
+        return ""
