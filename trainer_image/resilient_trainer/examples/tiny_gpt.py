@@ -39,9 +39,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as fn
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.nn import functional as fn
 
 from resilient_trainer import completion, contract
 from resilient_trainer import dist as rdist
