@@ -1,0 +1,91 @@
+"""The contracts both sides import: the env names, the layering rules, the package names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from resilient_operator.core import render
+from resilient_trainer import contract
+
+from tests.operator.builders import job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_python(code: str) -> str:
+    args = [sys.executable, "-c", code]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_import_operator_is_the_standard_library() -> None:
+    path = run_python("import operator; print(operator.__file__)")
+    assert "site-packages" not in path and not path.startswith(str(ROOT)), path
+    assert run_python("import operator; print(operator.add(2, 3))") == "5"
+
+
+def test_core_imports_neither_kopf_nor_the_client_nor_torch() -> None:
+    code = (
+        "import sys, resilient_operator.core, resilient_operator.core.reconcile, resilient_trainer.layout;"
+        "print(sorted(m for m in ('kopf', 'kubernetes', 'torch') if m in sys.modules))"
+    )
+    assert run_python(code) == "[]"
+
+
+def test_core_sources_do_not_import_io_libraries() -> None:
+    """Guard the layering in the source too, so a lazy import inside a function cannot slip in."""
+    core = ROOT / "operator" / "resilient_operator" / "core"
+    for path in core.glob("*.py"):
+        text = path.read_text()
+        for banned in ("import kopf", "import kubernetes", "from kubernetes", "import torch", "import requests"):
+            assert banned not in text, f"{path.name}: {banned}"
+
+
+def test_env_round_trip() -> None:
+    env = contract.WorkerEnv("demo", 2, 3, 1, 8, "demo-a2-0.demo.ml.svc", 29500, "/ckpt", "/ckpt/step-0000000010", 4)
+    assert contract.WorkerEnv.from_environ(env.to_environ()) == env
+    assert env.world_size == 24
+    fresh = contract.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt")
+    assert contract.RESUME_FROM not in fresh.to_environ()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({contract.NNODES: ""}, "PET_NNODES is not set"),
+        ({contract.NODE_RANK: "4"}, "PET_NODE_RANK=4 must be < PET_NNODES=4"),
+        ({contract.ATTEMPT: "zero"}, "RTJ_ATTEMPT='zero' is not an integer"),
+        ({contract.CHECKPOINT_ROOT: ""}, "RTJ_CHECKPOINT_ROOT is not set"),
+    ],
+)
+def test_env_errors_name_the_variable(change: dict[str, str], message: str) -> None:
+    env = contract.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt").to_environ()
+    env.update(change)
+    with pytest.raises(contract.ContractError, match=message):
+        contract.WorkerEnv.from_environ(env)
+
+
+def test_rendered_pod_carries_exactly_the_contract() -> None:
+    j = job()
+    pod = render.pod_manifest(j, 3, 1, 2, None)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    parsed = contract.WorkerEnv.from_environ(env)
+    assert (parsed.attempt, parsed.node_rank, parsed.nnodes, parsed.job_name) == (3, 1, 2, "demo")
+    assert parsed.master_addr == "demo-a3-0.demo.ml.svc"
+    assert set(env) <= set(contract.ALL_NAMES)
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["hostname"] == "demo-a3-1" and pod["spec"]["subdomain"] == "demo"
+    assert pod["metadata"]["ownerReferences"][0]["controller"] is True
+
+
+def test_user_env_is_kept_and_contract_names_win() -> None:
+    j = job(template={"spec": {"containers": [{"name": "t", "env": [
+        {"name": "MY_FLAG", "value": "1"}, {"name": contract.NNODES, "value": "99"}]}]}})  # fmt: skip
+    env = render.pod_manifest(j, 1, 0, 4, None)["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert names.count(contract.NNODES) == 1 and "MY_FLAG" in names
+    assert {e["name"]: e["value"] for e in env}[contract.NNODES] == "4"
