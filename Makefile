@@ -1,0 +1,42 @@
+# resilient-training: every target sets up what it needs (venv, binaries) itself.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: help venv binaries lint test test-unit test-cluster bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+venv: $(STAMP) ## Create .venv and install the project with its dev extras (torch, kopf, pytest, ruff)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo ">> installing the project and its dev extras into $(VENV) (torch is a few GB on a cold machine)"
+	$(VENV)/bin/pip install --progress-bar off -q --upgrade pip
+	$(VENV)/bin/pip install --progress-bar off -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm
+	bash hack/k8s/build.sh
+
+lint: venv ## ruff over the whole tree
+	$(VENV)/bin/ruff check .
+
+test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts, trainer
+	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
+
+test-cluster: venv binaries ## The tests against the local Kubernetes control plane
+	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
+
+test: venv binaries lint ## Everything CI runs: lint, then every test (builds what it needs)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv ## Print the benchmark tables (checkpoint discovery, checkpoint save/load)
+	$(PY) bench/discovery_bench.py
+	$(PY) bench/checkpoint_bench.py
+
+clean: ## Remove the venv and caches in the tree (the binary cache in ~/.cache stays)
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
