@@ -182,14 +182,16 @@ def build(args: argparse.Namespace, ctx: rdist.DistContext) -> tuple[nn.Module, 
     model = TinyGPT(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(ctx.device)
     if args.parallel == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        model.set_gradient_divide_factor(1.0)  # sum gradients: the loss is already divided by B
-        model.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+        for module in model.modules():  # the setters act on one FSDP module's own parameters only
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)  # sum gradients: the loss is already divided by B
+                module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
     else:
         from torch.nn.parallel import DistributedDataParallel
 
