@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from resilient_operator.core import render
 from resilient_trainer import contract
-
 from tests.operator.builders import job
 
 ROOT = Path(__file__).resolve().parents[2]

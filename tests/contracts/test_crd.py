@@ -11,8 +11,8 @@ from typing import Any
 
 import celpy
 import pytest
-from resilient_operator import constants as c
 
+from resilient_operator import constants as c
 from tests.operator.builders import apply_defaults, crd, job_object, schema
 
 RULE_KEY = "x-kubernetes-validations"
@@ -84,7 +84,6 @@ def status_paths(value: Any, node: dict[str, Any], prefix: str = "status") -> li
 def test_every_status_field_the_core_writes_is_declared() -> None:
     """Drive the core through its table and check every status it produced against the schema."""
     from resilient_operator.core import reconcile
-
     from tests.operator.builders import NOW
     from tests.operator.test_reconcile_table import ROWS
 

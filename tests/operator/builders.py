@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView
 from resilient_operator.core.timeutil import fmt

@@ -7,12 +7,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView, reconcile
 from resilient_operator.core.timeutil import fmt
 from resilient_trainer import contract
 from resilient_trainer.layout import Listing
-
 from tests.operator.builders import (
     CKPT_ROOT,
     NOW,

@@ -11,11 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from resilient_trainer.contract import COMPLETION_MARKER
-
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView, PodView
 from resilient_operator.core.nodes import NodeLoss, node_loss
+from resilient_trainer.contract import COMPLETION_MARKER
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {

@@ -9,11 +9,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from resilient_trainer.contract import TERMINATION_MESSAGE_PATH, WorkerEnv
-from resilient_trainer.layout import Verdict
-
 from resilient_operator import constants as c
 from resilient_operator.core.model import Job
+from resilient_trainer.contract import TERMINATION_MESSAGE_PATH, WorkerEnv
+from resilient_trainer.layout import Verdict
 
 
 def pod_name(job: str, attempt: int, rank: int) -> str:

@@ -1,0 +1,100 @@
+"""One job's observe -> decide -> apply pass. Decisions are the core's; this only reads and writes.
+
+Apply order is crash-safe: fence (delete pods), write status once (guarded by resourceVersion),
+create (AlreadyExists is fine), then emit events, which therefore never describe an unwritten state.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from resilient_operator import constants as c
+from resilient_operator import metrics
+from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
+from resilient_operator.core.timeutil import parse
+from resilient_operator.kube import Kube
+from resilient_trainer import layout
+
+log = logging.getLogger(__name__)
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """RFC 7386 merge patch turning `old` into `new`: removed keys become null. None if equal."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None if old == new else new
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        else:
+            sub = merge_patch(old[key], value)
+            if sub is not None or (value is None and old[key] is not None):
+                patch[key] = sub
+    return patch or None
+
+
+def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
+                                                              dict[str, NodeView], layout.Listing] | None:  # fmt: skip
+    obj = kube.get_job(namespace, name)
+    if obj is None:
+        return None  # deleted: garbage collection removes its pods and Service (owner references)
+    job = Job.from_object(obj)
+    pods = [PodView.from_object(p) for p in kube.list_job_pods(namespace, name)]
+    raw_nodes, leases = kube.nodes_and_leases()
+    nodes = {n["metadata"]["name"]: NodeView.from_objects(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
+    listing = layout.discover(job.spec.checkpoint_root)
+    return obj, job, pods, nodes, listing
+
+
+def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
+    ns = obj["metadata"]["namespace"]
+    for name in plan.force_delete:
+        kube.delete_pod(ns, name, force=True)
+    for name in plan.delete:
+        kube.delete_pod(ns, name, force=False)
+    patch = merge_patch(obj.get("status") or {}, plan.status)
+    if patch:
+        kube.write_status(obj, patch)
+    for manifest in plan.create:
+        kube.create(manifest)
+    for event in plan.events:
+        kube.emit_event(obj, event.type, event.reason, event.message)
+
+
+def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeView], now: datetime) -> None:
+    """Metrics from the status transition (measurements only; no decision is made here)."""
+    old_r, new_r = before.get("restarts") or {}, after.get("restarts") or {}
+    failure = after.get("lastFailure") or {}
+    for kind, key in ((c.INFRASTRUCTURE, "infrastructure"), (c.APPLICATION, "application"), ("Planned", "planned")):
+        if new_r.get(key, 0) > old_r.get(key, 0):
+            reason = failure.get("reason", "") if kind != "Planned" else c.REASON_GROW_BACK
+            metrics.RESTARTS.labels(kind=kind, reason=reason).inc()
+    if failure and failure != before.get("lastFailure") and failure.get("node") in nodes:
+        renewed = nodes[failure["node"]].lease_renewed
+        if renewed:
+            metrics.TIME_TO_DETECT.observe((now - renewed).total_seconds())
+    detected = parse(failure.get("time"))
+    if after.get("attempt", 0) > before.get("attempt", 0) and detected and failure.get("attempt") == before.get(
+        "attempt"
+    ):
+        metrics.TIME_TO_RELAUNCH.observe((now - detected).total_seconds())
+
+
+def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, str | None]:
+    """Run one pass; returns (seconds until the core wants another look, the phase written)."""
+    with metrics.RECONCILE_SECONDS.time():
+        observed = observe(kube, namespace, name)
+        if observed is None:
+            return None, None
+        obj, job, pods, nodes, listing = observed
+        now = datetime.now(UTC)
+        plan = reconcile(job, pods, nodes, listing, now)
+        apply(kube, obj, plan)
+        record(obj.get("status") or {}, plan.status, nodes, now)
+        for event in plan.events:
+            log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+        return plan.requeue_after, plan.status.get("phase")

@@ -1,0 +1,150 @@
+"""kopf wiring: watches turn into work-queue keys; workers run the controller. Nothing decides here.
+
+Watched: jobs, their pods (by label), nodes, and node Leases. A job is queued when it, one of its
+pods, or a node hosting its pods changes; jobs whose size depends on capacity (waiting, or running
+below their desired size) are also queued when any node or lease changes. A lease going stale sends
+no event, so the core's `requeue_after` (the lease deadline) brings the job back instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from resilient_operator import constants as c
+from resilient_operator import controller, metrics
+from resilient_operator.kube import NODE_LEASE_NAMESPACE, Conflict, Kube, load_config
+from resilient_operator.settings import Settings
+from resilient_operator.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+JobKey = tuple[str, str]
+ERROR_RETRY_SECONDS = 2.0
+
+
+@dataclass
+class State:
+    """In-memory routing only (which job to wake); every decision re-reads the cluster."""
+
+    settings: Settings
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    kube: Kube | None = None
+    phases: dict[JobKey, str] = field(default_factory=dict)
+    capacity_bound: set[JobKey] = field(default_factory=set)
+    pods_on_node: dict[str, dict[str, JobKey]] = field(default_factory=lambda: defaultdict(dict))
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def _state(memo: Any) -> State:
+    return memo.state
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    state = _state(memo)
+    settings.posting.level = logging.WARNING  # kopf's own events: problems only
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    settings.persistence.finalizer = f"{c.GROUP}/operator"  # unused: no handler needs one
+    load_config()
+    state.kube = Kube()
+    if state.settings.metrics_port:
+        start_http_server(state.settings.metrics_port)
+    for index in range(state.settings.workers):
+        state.tasks.append(asyncio.create_task(_worker(state), name=f"rtj-worker-{index}"))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    for task in _state(memo).tasks:
+        task.cancel()
+
+
+async def _worker(state: State) -> None:
+    assert state.kube is not None
+    while True:
+        key = await state.queue.get()
+        try:
+            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, *key)
+            if phase:
+                _note_phase(state, key, phase)
+            if requeue is not None:
+                state.queue.add(key, requeue)
+        except Conflict:
+            state.queue.add(key)  # someone else wrote first; read again
+        except Exception as exc:
+            metrics.RECONCILE_ERRORS.labels(error=type(exc).__name__).inc()
+            log.exception("reconcile of %s/%s failed; retrying in %ss", *key, ERROR_RETRY_SECONDS)
+            state.queue.add(key, ERROR_RETRY_SECONDS)
+        finally:
+            state.queue.done(key)
+
+
+def _note_phase(state: State, key: JobKey, phase: str) -> None:
+    old = state.phases.get(key)
+    state.phases[key] = phase
+    if old != phase:
+        if old:
+            metrics.JOBS_BY_PHASE.labels(phase=old).dec()
+        metrics.JOBS_BY_PHASE.labels(phase=phase).inc()
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
+async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    state = _state(memo)
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if event["type"] == "DELETED":
+        state.queue.forget(key)
+        state.capacity_bound.discard(key)
+        if key in state.phases:
+            metrics.JOBS_BY_PHASE.labels(phase=state.phases.pop(key)).dec()
+        return
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    phase = status.get("phase") or c.PENDING
+    short = int(status.get("replicas") or 0) < int(spec.get("replicas") or 0)
+    if phase in (c.WAITING_FOR_CAPACITY, c.PENDING) or (phase == c.RUNNING and short):
+        state.capacity_bound.add(key)
+    else:
+        state.capacity_bound.discard(key)
+    state.queue.add(key)
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    state = _state(memo)
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["labels"][c.LABEL_JOB])
+    node = (body.get("spec") or {}).get("nodeName")
+    if node:
+        if event["type"] == "DELETED":
+            state.pods_on_node[node].pop(meta["name"], None)
+        else:
+            state.pods_on_node[node][meta["name"]] = key
+    state.queue.add(key)
+
+
+def _wake_for_node(state: State, node: str) -> None:
+    for key in set(state.pods_on_node.get(node, {}).values()) | state.capacity_bound:
+        state.queue.add(key)
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(name: str, memo: Any, **_: Any) -> None:
+    _wake_for_node(_state(memo), name)
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases", when=lambda namespace, **_: namespace == NODE_LEASE_NAMESPACE)
+async def lease_event(memo: Any, **_: Any) -> None:
+    """A renewal is good news for jobs on that node; only capacity-bound jobs care."""
+    state = _state(memo)
+    for key in state.capacity_bound:
+        state.queue.add(key)

@@ -1,0 +1,139 @@
+"""The only module that talks to the Kubernetes API (kopf's own watches aside).
+
+Everything returns the API's raw JSON dicts, which is what the core's parsers read. Calls are
+synchronous (the official client) and run in worker threads from the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from resilient_operator import constants as c
+
+log = logging.getLogger(__name__)
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+COMPONENT = "resilient-training-operator"
+
+
+class Conflict(Exception):
+    """The object changed since we read it; reconcile again from a fresh read."""
+
+
+def load_config() -> None:
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+
+
+def _raw(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+class Kube:
+    """Thin, typed wrappers over the calls the controller needs."""
+
+    def __init__(self, api_client: client.ApiClient | None = None, node_cache_seconds: float = 0.25) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.coordination = client.CoordinationV1Api(self.api)
+        self._nodes_lock = threading.Lock()
+        self._nodes_at = 0.0
+        self._nodes: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] = ([], {})
+        self._node_cache_seconds = node_cache_seconds
+        self.identity = os.environ.get("POD_NAME") or COMPONENT
+
+    # reads -----------------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _raw(self.custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, c.PLURAL, name, _preload_content=False))  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_job_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        resp = self.core.list_namespaced_pod(namespace, label_selector=f"{c.LABEL_JOB}={name}",
+                                             _preload_content=False)  # fmt: skip
+        return _raw(resp)["items"]
+
+    def nodes_and_leases(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """All nodes and their leases; one listing is shared by the reconciles of a burst."""
+        with self._nodes_lock:
+            if time.monotonic() - self._nodes_at > self._node_cache_seconds:
+                nodes = _raw(self.core.list_node(_preload_content=False))["items"]
+                leases = _raw(self.coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE,
+                                                                      _preload_content=False))["items"]  # fmt: skip
+                self._nodes = (nodes, {lease["metadata"]["name"]: lease for lease in leases})
+                self._nodes_at = time.monotonic()
+            return self._nodes
+
+    # writes ----------------------------------------------------------------------------------
+    def write_status(self, job: dict[str, Any], patch: dict[str, Any]) -> None:
+        """Merge-patch the status subresource, guarded by the resourceVersion we read."""
+        meta = job["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                c.GROUP, c.VERSION, meta["namespace"], c.PLURAL, meta["name"], body)  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None
+            raise
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Create a pod or service; AlreadyExists counts as done (creates are replayed after a crash)."""
+        ns = manifest["metadata"]["namespace"]
+        try:
+            if manifest["kind"] == "Pod":
+                self.core.create_namespaced_pod(ns, manifest)
+            elif manifest["kind"] == "Service":
+                self.core.create_namespaced_service(ns, manifest)
+            else:
+                raise ValueError(f"cannot create {manifest['kind']}")
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def delete_pod(self, namespace: str, name: str, force: bool) -> None:
+        """Graceful delete, or grace period 0 for a pod whose node will never confirm the kill."""
+        grace = 0 if force else None
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
+                                            body=client.V1DeleteOptions(grace_period_seconds=grace))  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def emit_event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the job, so `kubectl describe rtj` tells the story."""
+        meta = job["metadata"]
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(
+                api_version=c.API_VERSION, kind=c.KIND, name=meta["name"], namespace=meta["namespace"],
+                uid=meta["uid"], resource_version=meta.get("resourceVersion"),
+            ),
+            reason=reason, message=message[:1024], type=etype, count=1,
+            first_timestamp=now, last_timestamp=now,
+            source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT, reporting_instance=self.identity,
+        )  # fmt: skip
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as exc:  # an event is never worth failing a reconcile
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], exc.reason)
