@@ -1,0 +1,82 @@
+"""The shell's own logic that needs no cluster: status patches and the work queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from resilient_operator.controller import merge_patch
+from resilient_operator.workqueue import WorkQueue
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        ({"a": 1}, {"a": 1}, None),
+        ({}, {"phase": "Running"}, {"phase": "Running"}),
+        ({"growBack": {"replicas": 4}, "phase": "Running"}, {"phase": "Restarting"},
+         {"growBack": None, "phase": "Restarting"}),
+        ({"restarts": {"infrastructure": 0, "application": 1}}, {"restarts": {"infrastructure": 1, "application": 1}},
+         {"restarts": {"infrastructure": 1}}),
+        ({"conditions": [{"type": "A"}]}, {"conditions": [{"type": "A"}, {"type": "B"}]},
+         {"conditions": [{"type": "A"}, {"type": "B"}]}),
+    ],
+)  # fmt: skip
+def test_merge_patch(old: dict, new: dict, patch: dict | None) -> None:
+    assert merge_patch(old, new) == patch
+
+
+def apply_merge(doc: dict, patch: dict) -> dict:
+    out = dict(doc)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = apply_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_merge_patch_round_trips() -> None:
+    old = {"phase": "Running", "resumedFrom": {"path": "/a", "step": 1}, "restarts": {"planned": 1}, "x": [1]}
+    new = {"phase": "Starting", "restarts": {"planned": 2, "infrastructure": 1}, "x": [1, 2]}
+    assert apply_merge(old, merge_patch(old, new)) == new
+
+
+@pytest.mark.timeout(10)
+def test_queue_dedupes_and_serialises_keys() -> None:
+    async def scenario() -> list[str]:
+        queue = WorkQueue()
+        seen: list[str] = []
+        queue.add("a")
+        queue.add("a")
+        queue.add("b", delay=0.05)
+        first = await queue.get()
+        queue.add(first)  # re-added while active: must wait until done()
+        second = await asyncio.wait_for(queue.get(), 1)
+        seen += [first, second]
+        queue.done(first)
+        third = await asyncio.wait_for(queue.get(), 1)
+        seen.append(third)
+        queue.done(second)
+        queue.done(third)
+        assert len(queue) == 0
+        return seen
+
+    assert asyncio.run(scenario()) == ["a", "b", "a"]
+
+
+@pytest.mark.timeout(10)
+def test_queue_keeps_the_earliest_due_time() -> None:
+    async def scenario() -> float:
+        queue = WorkQueue()
+        loop = asyncio.get_running_loop()
+        queue.add("job", delay=5)
+        queue.add("job", delay=0.01)
+        start = loop.time()
+        await asyncio.wait_for(queue.get(), 2)
+        return loop.time() - start
+
+    assert asyncio.run(scenario()) < 1
