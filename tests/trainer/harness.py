@@ -162,3 +162,15 @@ def wait_for(predicate: object, timeout: float, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def start_process(launcher: Launcher, cmd: Sequence[str], env: dict[str, str], name: str) -> Run:
+    """Start one arbitrary command (e.g. a launcher per simulated node), tracked for cleanup."""
+    log = launcher.tmp / f"{name}.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(
+            list(cmd), env=env, cwd=launcher.tmp, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    run = Run([p], [log])
+    launcher.runs.append(run)
+    return run
