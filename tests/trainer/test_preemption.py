@@ -1,0 +1,39 @@
+"""SIGTERM on every rank (at slightly different times): finish the step, save, exit 143 quickly."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from resilient_trainer import completion, layout
+from tests.trainer.harness import SMALL_MODEL, Launcher, parse, wait_for
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_saves_and_exits(launcher: Launcher, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    run = launcher.start(
+        2, [*SMALL_MODEL, "--steps", "200", "--global-batch", "8", "--checkpoint-every", "0",
+            "--step-delay", "0.2", "--checkpoint-root", str(root)]
+    )
+    assert wait_for(lambda: len(parse(run.output(), "RTJ_STEP")) >= 2, timeout=60), run.tail()
+    run.kill(signal.SIGTERM, ranks=[1])
+    time.sleep(0.3)  # the other rank is signalled a step later; they must still agree on one step
+    t0 = time.monotonic()
+    run.kill(signal.SIGTERM, ranks=[0])
+    codes = run.wait(timeout=30)
+    assert codes == [143, 143], run.tail()
+    assert time.monotonic() - t0 < 15
+    preempted = parse(run.output(), "RTJ_PREEMPTED")
+    assert len(preempted) == 1
+    step = int(preempted[0]["step"])
+    verdict = layout.check_step(layout.open_store(str(root)), layout.step_dir_name(step))
+    assert verdict.complete and preempted[0]["checkpoint"] == verdict.path
+    outcome = completion.read_termination_message(str(tmp_path / "termination-log"))
+    assert outcome is not None and outcome.kind == completion.PREEMPTED
+    assert completion.read_completed_marker(str(root)) is None
