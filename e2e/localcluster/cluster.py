@@ -8,6 +8,7 @@ Nodes are simulated by `node_agent.py` processes that run pods as local processe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -37,6 +38,20 @@ DEFAULT_IMAGE_ENTRYPOINTS: dict[str, list[str]] = {
     "python": ["python"],
     "busybox": ["sh"],
 }
+
+
+# The node agents' /etc/hosts writer reads pods and services cluster-wide, as CoreDNS does
+# (with CoreDNS' rights), under its own identity rather than the node's.
+DNS_RBAC = {"apiVersion": "v1", "kind": "List", "items": [
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "rtj:dns"},
+     "rules": [{"apiGroups": [""], "resources": ["pods", "services", "endpoints", "namespaces"],
+                "verbs": ["get", "list", "watch"]},
+               {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                "verbs": ["get", "list", "watch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "rtj:dns"},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rtj:dns"},
+     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:rtj-dns"}]},
+]}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -126,7 +141,7 @@ class Cluster:
     python_bin_dir: Path
     components: dict[str, Component] = field(default_factory=dict)
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
+    die_with_parent: bool = True
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -142,13 +157,15 @@ class Cluster:
         extra_apiserver_args: tuple[str, ...] = (),
         extra_controller_manager_args: tuple[str, ...] = (),
         timeout: float = 120,
+        detach: bool = False,
     ) -> Cluster:
         """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait until ready.
 
         `image_entrypoints` maps an image-name substring to the command run for a container
         without `command` (images do not exist here); it extends DEFAULT_IMAGE_ENTRYPOINTS and
         `RTJ_IMAGE_ENTRYPOINTS` (JSON). `python_bin_dir` goes first on pods' PATH so `python` is
-        the project venv's python (default: the directory of the running interpreter).
+        the project venv's python (default: the directory of the running interpreter). Processes
+        die with the calling process unless `detach` (then `down(dir)` cleans up).
         """
         if os.geteuid() != 0:
             raise RuntimeError("the local cluster needs root (network namespaces, mount namespaces)")
@@ -170,7 +187,7 @@ class Cluster:
             api_url=f"https://{api_host}:{port}", api_host=api_host, api_port=port, subnet=x,
             bridge=bridge, pki=pki, node_monitor_grace_period=node_monitor_grace_period,
             image_entrypoints=entry,
-            python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent),
+            python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent), die_with_parent=not detach,
         )
         (cdir / "cluster.json").write_text(json.dumps(cluster.describe(), indent=2))
         try:
@@ -185,7 +202,7 @@ class Cluster:
         """What a shell user needs to reach this cluster (also written to cluster.json)."""
         return {"name": self.name, "dir": str(self.dir), "kubeconfig": str(self.kubeconfig),
                 "api_url": self.api_url, "bin_dir": str(self.bin_dir), "bridge": self.bridge,
-                "subnet": f"10.{self.subnet}.0.0/16",
+                "subnet": f"10.{self.subnet}.0.0/16", "netns_prefix": self.netns_prefix,
                 "pids": {n: c.proc.pid for n, c in self.components.items()},
                 "nodes": {n: (h.proc.pid if h.proc else None) for n, h in self.nodes.items()}}
 
@@ -194,10 +211,17 @@ class Cluster:
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
             proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir,
+                                    preexec_fn=self._preexec)  # noqa: PLW1509
         comp = Component(name, proc, log)
         self.components[name] = comp
         return comp
+
+    def _preexec(self) -> None:
+        # Tie component lifetime to the harness process unless detached (`up` from the CLI):
+        # a crashed pytest must not leave a control plane behind.
+        if self.die_with_parent:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
     def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path) -> None:
         cfg = {
@@ -256,6 +280,21 @@ class Cluster:
             "--allow-privileged=true", "--profiling=false", "--v=1",
             *extra_api,
         ])
+        ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
+        ctx.load_cert_chain(str(admin_crt), str(admin_key))
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+
+        def ok(url: str, context: ssl.SSLContext) -> bool:
+            self._check_alive()
+            return urllib.request.urlopen(url, timeout=2, context=context).status == 200
+
+        wait_for(lambda: ok(f"{self.api_url}/readyz", ctx), timeout, "kube-apiserver /readyz")
+        dns_crt, dns_key = pki.issue("dns", "system:rtj-dns")
+        self._write_kubeconfig(d / "dns.kubeconfig", "system:rtj-dns", dns_crt, dns_key)
+        self.kubectl("apply", "-f", "-", input=json.dumps(DNS_RBAC))
+        # RBAC bootstrap must be in place first: the controllers exit on a 403 at startup.
         self._spawn("kube-controller-manager", [
             f"--kubeconfig={kcm_kc}", f"--authentication-kubeconfig={kcm_kc}",
             f"--authorization-kubeconfig={kcm_kc}",
@@ -273,17 +312,6 @@ class Cluster:
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}", "--leader-elect=false",
             "--profiling=false", "--v=1",
         ])
-        ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
-        ctx.load_cert_chain(str(admin_crt), str(admin_key))
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
-
-        def ok(url: str, context: ssl.SSLContext) -> bool:
-            self._check_alive()
-            return urllib.request.urlopen(url, timeout=2, context=context).status == 200
-
-        wait_for(lambda: ok(f"{self.api_url}/readyz", ctx), timeout, "kube-apiserver /readyz")
         wait_for(lambda: ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure), timeout,
                  "kube-controller-manager /healthz")
         wait_for(lambda: ok(f"https://127.0.0.1:{sched_port}/healthz", insecure), timeout,
@@ -292,6 +320,9 @@ class Cluster:
         # pods created before that are rejected, so wait for it as `kubectl` users would.
         wait_for(lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
                  timeout, "default ServiceAccount")
+        self._save()
+
+    def _save(self) -> None:
         (self.dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
 
     def _check_alive(self) -> None:
@@ -355,7 +386,8 @@ class Cluster:
         config = {
             "node": name, "index": index, "address": address, "subnet": self.subnet,
             "bridge": self.bridge, "gateway": self.api_host, "netns_prefix": self.netns_prefix,
-            "kubeconfig": str(kc), "api_host": self.api_host, "api_port": self.api_port,
+            "kubeconfig": str(kc), "dns_kubeconfig": str(self.dir / "dns.kubeconfig"),
+            "api_host": self.api_host, "api_port": self.api_port,
             "ca_crt": str(self.pki.ca_crt), "dir": str(ndir),
             "hostpath_root": str(self.hostpath_root),
             "capacity": {"cpu": cpu, "memory": memory, "pods": str(pods), "ephemeral-storage": "100Gi",
@@ -370,6 +402,7 @@ class Cluster:
         handle = NodeHandle(name=name, index=index, address=address, dir=ndir, config=cfg_path)
         self.nodes[name] = handle
         self._start_agent(handle)
+        self._save()
         if wait:
             self.wait_node_ready(name, timeout=timeout)
         return handle
@@ -382,7 +415,7 @@ class Cluster:
             node.proc = subprocess.Popen(
                 [sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                cwd=REPO_ROOT, env=env)
+                cwd=REPO_ROOT, env=env, preexec_fn=self._preexec)  # noqa: PLW1509
         node.killed = False
 
     def kill_node(self, name: str) -> None:
@@ -399,6 +432,7 @@ class Cluster:
         if node.proc and node.proc.poll() is None:
             raise RuntimeError(f"node {name} is running")
         self._start_agent(node)
+        self._save()
         if wait:
             self.wait_node_ready(name, timeout=timeout)
 
@@ -484,6 +518,29 @@ class Cluster:
             raise RuntimeError(f"helm {' '.join(args)} failed ({res.returncode}): {res.stderr}")
         return res
 
+    def wait_for_default_sa(self, namespace: str, timeout: float = 30) -> None:
+        """Pods are rejected until the namespace's default ServiceAccount exists."""
+        wait_for(lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace,
+                                      check=False).returncode == 0, timeout, f"default SA in {namespace}")
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None) -> str:
+        """kubectl apply a manifest (dict, list of dicts, or YAML/JSON text)."""
+        if not isinstance(manifest, str):
+            items = manifest if isinstance(manifest, list) else [manifest]
+            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        ns = ["-n", namespace] if namespace else []
+        return self.kubectl("apply", *ns, "-f", "-", input=manifest).stdout
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The object as a dict, or None when it does not exist."""
+        ns = ["-n", namespace] if namespace else []
+        res = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
+        if res.returncode != 0:
+            if "NotFound" in res.stderr:
+                return None
+            raise RuntimeError(res.stderr)
+        return json.loads(res.stdout)
+
     def api_client(self) -> Any:
         """A `kubernetes.client.ApiClient` authenticated as cluster admin."""
         from kubernetes import client, config
@@ -500,3 +557,16 @@ class Cluster:
                 if logs:
                     return logs[0].read_text(errors="replace")
         return ""
+
+
+def down(cluster_dir: Path | str) -> None:
+    """Tear down a cluster from its directory (cluster.json), e.g. one started detached."""
+    info = json.loads((Path(cluster_dir) / "cluster.json").read_text())
+    pids = [p for p in info.get("nodes", {}).values() if p] + list(info.get("pids", {}).values())
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if str(info["dir"]).encode() in cmdline:  # never signal a recycled pid
+                kill_process_tree(pid)
+    network.delete_netns_with_prefix(info["netns_prefix"])
+    network.delete_bridge(info["bridge"])

@@ -15,8 +15,8 @@ import subprocess
 import sys
 
 
-def _mount(*args: str) -> None:
-    subprocess.run(["mount", *args], check=True, timeout=30)
+def _mount(*args: str, fds: tuple[int, ...] = ()) -> None:
+    subprocess.run(["mount", *args], check=True, timeout=30, pass_fds=fds)
 
 
 def _ensure_target(src: str, dst: str) -> None:
@@ -32,9 +32,11 @@ def main() -> None:
     """Bind-mount volumes and files, set the hostname, then exec the container's command."""
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    for m in spec["mounts"]:
+    # Pin every source first: an earlier mount (an emptyDir on /tmp, say) may hide a later source.
+    sources = [os.open(m["source"], os.O_PATH) for m in spec["mounts"]]
+    for m, fd in zip(spec["mounts"], sources, strict=True):
         _ensure_target(m["source"], m["target"])
-        _mount("--bind", m["source"], m["target"])
+        _mount("--bind", f"/proc/self/fd/{fd}", m["target"], fds=(fd,))
         if m.get("readOnly"):
             _mount("-o", "remount,bind,ro", m["target"])
     socket.sethostname(spec["hostname"])

@@ -725,8 +725,15 @@ class NodeAgent:
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.hosts_dirty = True
-        self.pods = Informer(self.api, "/api/v1/pods", self.changed)
-        self.services = Informer(self.api, "/api/v1/services", self.changed)
+        # Like a kubelet, the agent sees only the pods bound to its node...
+        self.pods = Informer(self.api, "/api/v1/pods", self.changed,
+                             {"fieldSelector": f"spec.nodeName={self.node}"})
+        # ...while DNS data comes from a cluster-wide reader with CoreDNS-like rights (its own identity).
+        dkc = json.loads(Path(cfg["dns_kubeconfig"]).read_text())["users"][0]["user"]
+        self.dns_api = Api(cfg["api_host"], cfg["api_port"], cfg["ca_crt"], dkc["client-certificate"],
+                           dkc["client-key"])
+        self.all_pods = Informer(self.dns_api, "/api/v1/pods", self.changed)
+        self.services = Informer(self.dns_api, "/api/v1/services", self.changed)
         self.started = now()
 
     def changed(self) -> None:
@@ -816,7 +823,7 @@ class NodeAgent:
             if spec.get("clusterIP") == "None":
                 headless[(svc["metadata"]["namespace"], svc["metadata"]["name"])] = spec
         lines = []
-        for pod in self.pods.snapshot():
+        for pod in self.all_pods.snapshot():
             meta, spec, st = pod["metadata"], pod["spec"], pod.get("status") or {}
             sub = spec.get("subdomain")
             if not sub or not st.get("podIP") or (meta["namespace"], sub) not in headless:
@@ -904,10 +911,10 @@ class NodeAgent:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
         self.register()
         threading.Thread(target=self.heartbeat_loop, daemon=True, name="heartbeat").start()
-        self.pods.start()
-        self.services.start()
-        self.pods.synced.wait(60)
-        self.services.synced.wait(60)
+        for inf in (self.pods, self.all_pods, self.services):
+            inf.start()
+        for inf in (self.pods, self.all_pods, self.services):
+            inf.synced.wait(60)
         LOG.info("node %s up", self.node)
         while True:
             self.wake.wait(0.5)

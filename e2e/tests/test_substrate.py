@@ -1,0 +1,339 @@
+"""The local substrate behaves like Kubernetes where the project relies on it.
+
+Each test talks to the real apiserver/controller-manager/scheduler; the nodes are simulated by
+process-running agents. Waits use watches (or short polls with deadlines), never bare sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from e2e.localcluster import wait_for
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def core(rtj_cluster: Any) -> client.CoreV1Api:
+    """Admin CoreV1 client."""
+    return client.CoreV1Api(rtj_cluster.api_client())
+
+
+def wait_pod(core: client.CoreV1Api, ns: str, name: str, pred: Callable[[Any], bool], timeout: float) -> Any:
+    """Watch one pod until `pred(pod)` holds; returns the pod."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pod = core.read_namespaced_pod(name, ns)
+            raise TimeoutError(f"pod {ns}/{name} never matched; last status: {pod.status}")
+        try:
+            pod = core.read_namespaced_pod(name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            pod = None
+        if pod is not None and pred(pod):
+            return pod
+        w = watch.Watch()
+        for ev in w.stream(core.list_namespaced_pod, ns, field_selector=f"metadata.name={name}",
+                           timeout_seconds=max(1, int(remaining))):
+            if pred(ev["object"]):
+                w.stop()
+                return ev["object"]
+
+
+def pod(name: str, script: str, *, node: str | None = None, restart: str = "Never",
+        **spec: Any) -> dict[str, Any]:
+    """A pod running a Python script (the venv's `python` is on the container PATH)."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "main", "image": "python:3.11",
+                                 "command": ["python", "-c", textwrap.dedent(script)]}], **spec},
+    }
+    if node:
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
+def phase_in(*phases: str) -> Callable[[Any], bool]:
+    """Predicate: pod phase is one of `phases`."""
+    return lambda p: p is not None and p.status is not None and p.status.phase in phases
+
+
+@pytest.mark.timeout(60)
+def test_crd_applies_and_cel_rule_rejects(rtj_cluster: Any, namespace: str) -> None:
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.substrate.test"},
+        "spec": {"group": "substrate.test", "scope": "Namespaced",
+                 "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                     "type": "object", "properties": {"spec": {
+                         "type": "object",
+                         "x-kubernetes-validations": [{"rule": "self.min <= self.max",
+                                                       "message": "min must be <= max"}],
+                         "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}}}}}}}]},
+    }
+    rtj_cluster.apply(crd)
+    rtj_cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.substrate.test", "--timeout=30s")
+    good = {"apiVersion": "substrate.test/v1", "kind": "Widget", "metadata": {"name": "ok"},
+            "spec": {"min": 1, "max": 2}}
+    wait_for(lambda: rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(good),
+                                         check=False).returncode == 0, 20, "first Widget accepted")
+    bad = {**good, "metadata": {"name": "bad"}, "spec": {"min": 3, "max": 2}}
+    res = rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
+    assert res.returncode != 0
+    assert "min must be <= max" in res.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not (REPO / "crds" / "resilienttrainingjobs.yaml").exists(), reason="project CRD not present")
+def test_project_crd_rejects_min_above_max(rtj_cluster: Any, namespace: str) -> None:
+    rtj_cluster.kubectl("apply", "-f", str(REPO / "crds" / "resilienttrainingjobs.yaml"))
+    rtj_cluster.kubectl("wait", "--for=condition=Established",
+                        "crd/resilienttrainingjobs.training.resilient.dev", "--timeout=30s")
+
+    def job(name: str, elastic: dict[str, int]) -> str:
+        return json.dumps({"apiVersion": "training.resilient.dev/v1alpha1", "kind": "ResilientTrainingJob",
+                           "metadata": {"name": name},
+                           "spec": {"replicas": 2, "elasticPolicy": elastic,
+                                    "template": {"spec": {"containers": [{"name": "t"}]}},
+                                    "checkpoint": {"root": "/ckpt"}}})
+
+    wait_for(lambda: rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                                         input=job("good", {"minReplicas": 1, "maxReplicas": 2}),
+                                         check=False).returncode == 0, 20, "valid job accepted")
+    res = rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                              input=job("bad", {"minReplicas": 3, "maxReplicas": 2}), check=False)
+    assert res.returncode != 0
+    assert "minReplicas must be <= spec.elasticPolicy.maxReplicas" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_pod_runs_and_succeeds(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+    script = """
+        import os, socket
+        print("pod", os.environ["POD_NAME"], os.environ["POD_NAMESPACE"], os.environ["NODE"], os.environ["POD_IP"])
+        assert socket.gethostname() == os.environ["POD_NAME"]
+        assert open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read() == os.environ["POD_NAMESPACE"]
+    """
+    body = pod("ok", script)
+    body["spec"]["containers"][0]["env"] = [
+        {"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}}
+        for n, f in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"),
+                     ("NODE", "spec.nodeName"), ("POD_IP", "status.podIP"))]
+    core.create_namespaced_pod(namespace, body)
+    p = wait_pod(core, namespace, "ok", phase_in("Succeeded", "Failed"), 45)
+    log = rtj_cluster.pod_log(namespace, "ok")
+    assert p.status.phase == "Succeeded", log
+    assert p.status.container_statuses[0].state.terminated.exit_code == 0
+    assert p.status.pod_ip and p.status.pod_ip.startswith(f"10.{rtj_cluster.subnet}.")
+    assert f"pod ok {namespace} {p.spec.node_name} {p.status.pod_ip}" in log
+
+
+@pytest.mark.timeout(60)
+def test_pod_fails_with_exit_code_and_message(core: client.CoreV1Api, namespace: str) -> None:
+    script = """
+        open("/dev/termination-log", "w").write("out of patience")
+        raise SystemExit(7)
+    """
+    core.create_namespaced_pod(namespace, pod("bad", script))
+    p = wait_pod(core, namespace, "bad", phase_in("Succeeded", "Failed"), 45)
+    assert p.status.phase == "Failed"
+    term = p.status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.reason, term.message) == (7, "Error", "out of patience")
+
+
+@pytest.mark.timeout(90)
+def test_deleting_a_pod_kills_its_process(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+    marker = rtj_cluster.host_path(f"/marks/{namespace}")
+    script = """
+        import os, signal, time
+        d = "/marks"
+        open(f"{d}/pid", "w").write(str(os.getpid()))
+        def term(*_):
+            open(f"{d}/sigterm", "w").write("1")
+            raise SystemExit(0)
+        signal.signal(signal.SIGTERM, term)
+        while True:
+            time.sleep(0.1)
+    """
+    body = pod("victim", script)
+    body["spec"]["volumes"] = [{"name": "m", "hostPath": {"path": f"/marks/{namespace}"}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "m", "mountPath": "/marks"}]
+    core.create_namespaced_pod(namespace, body)
+    wait_pod(core, namespace, "victim", phase_in("Running"), 45)
+    pid = int(wait_for(lambda: (marker / "pid").exists() and (marker / "pid").read_text(), 20, "pid file"))
+    assert Path(f"/proc/{pid}").exists()
+    core.delete_namespaced_pod("victim", namespace)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
+             20, "process gone")
+    assert (marker / "sigterm").exists(), "the container got SIGTERM first"
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("victim", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 20, "pod object finally deleted by the node")
+
+
+@pytest.mark.timeout(120)
+def test_killed_node_goes_not_ready_tainted_and_pods_stay_terminating(
+        rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+    node = f"doomed-{namespace[-4:]}"
+    rtj_cluster.add_node(node)
+    body = pod("stuck", "import time\nwhile True: time.sleep(1)", node=node)
+    # Evict at once when unreachable (the default toleration would wait 300 s).
+    body["spec"]["tolerations"] = [{"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                    "effect": "NoExecute", "tolerationSeconds": 0}]
+    core.create_namespaced_pod(namespace, body)
+    wait_pod(core, namespace, "stuck", phase_in("Running"), 45)
+    grace = float(rtj_cluster.node_monitor_grace_period.rstrip("s"))
+
+    t0 = time.monotonic()
+    rtj_cluster.kill_node(node)
+
+    def not_ready() -> bool:
+        n = core.read_node(node)
+        ready = next(c for c in n.status.conditions if c.type == "Ready")
+        return ready.status != "True"
+
+    wait_for(not_ready, grace + 10, "node NotReady/Unknown", interval=0.1)
+    elapsed = time.monotonic() - t0
+    print(f"kill_node -> NotReady in {elapsed:.1f}s (grace {grace}s)")
+    assert elapsed <= grace + 5
+
+    def tainted() -> bool:
+        taints = {(t.key, t.effect) for t in core.read_node(node).spec.taints or []}
+        return {("node.kubernetes.io/unreachable", "NoSchedule"),
+                ("node.kubernetes.io/unreachable", "NoExecute")} <= taints
+
+    wait_for(tainted, 15, "unreachable taints")
+    p = wait_pod(core, namespace, "stuck", lambda p: p is not None and p.metadata.deletion_timestamp is not None, 30)
+    assert p.metadata.deletion_timestamp is not None, "taint eviction marked the pod for deletion"
+    # Nobody confirms the kill: the pod stays Terminating (the harness must not clean it up).
+    for _ in range(10):
+        assert core.read_namespaced_pod("stuck", namespace).metadata.deletion_timestamp is not None
+        time.sleep(0.3)
+
+    rtj_cluster.restore_node(node)  # the machine comes back: its agent finalizes the deletion
+    wait_for(lambda: not tainted(), 30, "taints removed")
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("stuck", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 30, "Terminating pod finalized after restore")
+    rtj_cluster.kill_node(node)
+    core.delete_node(node)
+
+
+@pytest.mark.timeout(90)
+def test_deployment_pod_runs_and_becomes_available(rtj_cluster: Any, namespace: str) -> None:
+    server = "import http.server as h; h.ThreadingHTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
+    deploy = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
+                     "name": "web", "image": "python:3.11", "command": ["python", "-c", server],
+                     "ports": [{"containerPort": 8080, "name": "http"}],
+                     "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}},
+    }
+    rtj_cluster.apply(deploy, namespace)
+    rtj_cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s", timeout=70)
+
+
+@pytest.mark.timeout(90)
+def test_serviceaccount_token_gets_exactly_its_rbac(rtj_cluster: Any, core: client.CoreV1Api,
+                                                    namespace: str) -> None:
+    rtj_cluster.apply([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "pod-reader"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
+    ], namespace)
+    script = """
+        from kubernetes import client, config
+        from kubernetes.client.rest import ApiException
+        config.load_incluster_config()
+        v1 = client.CoreV1Api()
+        ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+        names = [p.metadata.name for p in v1.list_namespaced_pod(ns).items]
+        assert "rbac" in names, names
+        for call in (lambda: v1.list_namespaced_secret(ns), lambda: v1.list_namespaced_pod("default"),
+                     lambda: v1.delete_namespaced_pod("rbac", ns)):
+            try:
+                call()
+            except ApiException as e:
+                assert e.status == 403, e
+            else:
+                raise SystemExit("forbidden call was allowed")
+        print("rbac ok")
+    """
+    core.create_namespaced_pod(namespace, pod("rbac", script, serviceAccountName="reader"))
+    p = wait_pod(core, namespace, "rbac", phase_in("Succeeded", "Failed"), 60)
+    assert p.status.phase == "Succeeded", rtj_cluster.pod_log(namespace, "rbac")
+
+
+@pytest.mark.timeout(90)
+def test_pods_on_different_nodes_reach_each_other_by_headless_dns(rtj_cluster: Any, core: client.CoreV1Api,
+                                                                  namespace: str) -> None:
+    rtj_cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
+                       "spec": {"clusterIP": "None", "selector": {"app": "peers"},
+                                "ports": [{"port": 29500}]}}, namespace)
+    server = """
+        import socket
+        s = socket.create_server(("", 29500))
+        for _ in range(2):
+            conn, _ = s.accept()
+            conn.sendall(socket.gethostname().encode())
+            conn.close()
+    """
+    client_script = f"""
+        import socket, time
+        for name in ("server.peers", "server.peers.{namespace}.svc.cluster.local"):
+            deadline = time.time() + 40
+            while True:
+                try:
+                    with socket.create_connection((name, 29500), timeout=2) as c:
+                        data = c.recv(100)
+                    break
+                except OSError as e:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.2)
+            print(name, "->", socket.gethostbyname(name), data.decode())
+            assert data == b"server"
+    """
+    srv = pod("server", server, node="node-1", hostname="server", subdomain="peers")
+    srv["metadata"]["labels"] = {"app": "peers"}
+    cli = pod("client", client_script, node="node-2", hostname="client", subdomain="peers")
+    cli["metadata"]["labels"] = {"app": "peers"}
+    core.create_namespaced_pod(namespace, srv)
+    core.create_namespaced_pod(namespace, cli)
+    p = wait_pod(core, namespace, "client", phase_in("Succeeded", "Failed"), 70)
+    log = rtj_cluster.pod_log(namespace, "client")
+    assert p.status.phase == "Succeeded", log
+    s = core.read_namespaced_pod("server", namespace)
+    assert s.spec.node_name != p.spec.node_name
+    assert f"server.peers -> {s.status.pod_ip} server" in log
