@@ -13,10 +13,12 @@ Design choices and the traps they avoid:
   the save skipped (deterministic training would write the same bytes).
 - Async uploads use THREAD mode: PROCESS mode spawns a helper that re-imports the entry module (a script
   without a `__main__` guard would start training again in the helper).
-- Staging options are picked per device: on CPU, the default stager's non-blocking copy asserts on an
-  accelerator, so everything async/pinned is off; on CUDA, pinned memory + non-blocking copy, staged
-  synchronously so parameters are never modified while being copied. The stager is kept across saves
-  so its buffers are reused.
+- Staging options are picked per device: on CPU, non-blocking copies assert on an accelerator and
+  pinned/shared memory buys nothing, so only background staging is on; on CUDA, pinned memory +
+  non-blocking copies on a side stream. Staging runs in the background, overlapping the next forward/
+  backward; an optimizer step pre-hook waits for it, so parameters are never modified while being
+  copied (anything else that mutates model/optimizer state must call `wait_staged()` first). The
+  stager is kept across saves so its buffers are reused.
 - `CheckpointException` derives from BaseException, so it is caught by name and re-raised as
   `CheckpointError` (an Exception) naming the directory.
 - Resume loads the *sharded* state dict on every rank (DCP reshards N->M); it never uses
@@ -57,13 +59,14 @@ class CheckpointError(RuntimeError):
 
 
 def staging_options(device: torch.device) -> StagingOptions:
-    """Per-device staging: pinned + non-blocking copies on CUDA, plain synchronous copies on CPU."""
+    """Per-device staging: pinned + non-blocking copies on CUDA; plain copies on CPU (non-blocking
+    copies assert without an accelerator). Background staging on both."""
     if device.type == "cuda":
         return StagingOptions(
-            use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+            use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True
         )
     return StagingOptions(
-        use_pinned_memory=False, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+        use_pinned_memory=False, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=False
     )
 
 
@@ -109,7 +112,11 @@ class Checkpointer:
         self.last_saved: str | None = None
         self._stager = DefaultStager(staging_options(ctx.device)) if async_save else None
         self._inflight: tuple[str, Future] | None = None
+        self._staging: tuple[str, Future] | None = None
+        self.staging_wait_s = 0.0  # time the loop waited for background staging (last save)
         self._lock = threading.Lock()
+        # Parameters must not change while they are being copied: the optimizer waits for staging.
+        self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
         if ctx.rank == 0:
             os.makedirs(self.root, exist_ok=True)
 
@@ -150,6 +157,7 @@ class Checkpointer:
         in `last_blocked_s` (async: waiting for the previous upload + staging)."""
         t0 = time.perf_counter()
         self.wait()  # at most one save in flight
+        self.staging_wait_s = 0.0
         path = self._prepare_dir(step)
         if path is None:
             log.info("checkpoint for step %d already complete; not rewritten", step)
@@ -160,6 +168,8 @@ class Checkpointer:
         use_async = self.async_save if blocking is None else not blocking
         try:
             if use_async and self._stager is not None:
+                if self.ctx.device.type == "cuda":  # the side-stream copy must see the finished step
+                    torch.cuda.synchronize(self.ctx.device)
                 future = dcp.async_save(
                     state,
                     storage_writer=writer,
@@ -167,11 +177,12 @@ class Checkpointer:
                     async_checkpointer_type=AsyncCheckpointerType.THREAD,
                     async_stager=self._stager,
                 )
-                if not isinstance(future, Future):  # AsyncSaveResponse (async staging): not our config
-                    future.staging_completion.result()
-                    future = future.upload_completion
+                staging = None
+                if not isinstance(future, Future):  # AsyncSaveResponse: staging still running
+                    staging, future = future.staging_completion, future.upload_completion
                 with self._lock:
                     self._inflight = (path, future)
+                    self._staging = (path, staging) if staging is not None else None
                 self.last_blocked_s = time.perf_counter() - t0
                 return path
             dcp.save(state, storage_writer=writer, process_group=self.ctx.checkpoint_group)
@@ -181,8 +192,24 @@ class Checkpointer:
         self.last_blocked_s = time.perf_counter() - t0
         return path
 
+    def wait_staged(self) -> None:
+        """Block until the in-flight save has copied the state (called by the optimizer step pre-hook)."""
+        with self._lock:
+            staging, self._staging = self._staging, None
+        if staging is None:
+            return
+        path, future = staging
+        t0 = time.perf_counter()
+        try:
+            future.result()
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"staging checkpoint {path} failed: {_describe(exc)}") from exc
+        finally:
+            self.staging_wait_s += time.perf_counter() - t0
+
     def wait(self) -> str | None:
         """Wait for the in-flight upload; raises CheckpointError if it failed. Returns its directory."""
+        self.wait_staged()
         with self._lock:
             inflight, self._inflight = self._inflight, None
         if inflight is None:
@@ -211,6 +238,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._hook.remove()
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
@@ -220,6 +248,7 @@ class Checkpointer:
         """Load a checkpoint written at any world size; returns its step. Fails loudly, naming it."""
         path = path[len("file://") :] if path.startswith("file://") else path
         path = os.path.normpath(path)
+        self.wait()  # never load under a save that is still reading the same tensors
         problem = None
         if self.ctx.rank == 0:
             name = os.path.basename(path)
