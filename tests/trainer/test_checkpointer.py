@@ -1,0 +1,114 @@
+"""Checkpointer behaviour in one process (a 1-rank gloo group): staging safety, fresh directories,
+loud failures. The multi-rank behaviour is in the reshard/resume/partial tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from resilient_trainer import contract, layout
+from resilient_trainer.checkpointer import Checkpointer, CheckpointError
+from resilient_trainer.dist import DistContext
+from resilient_trainer.state import TrainState
+from tests.trainer.harness import free_port
+
+
+@pytest.fixture
+def ctx() -> Iterator[DistContext]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        yield DistContext(0, 1, 0, torch.device("cpu"), dist.new_group(backend="gloo"))
+    finally:
+        dist.destroy_process_group()
+
+
+def make(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(60)
+def test_optimizer_step_right_after_async_save_does_not_leak_into_it(ctx: DistContext, tmp_path: Path) -> None:
+    model, opt = make()
+    ts = TrainState(step=7, samples_seen=70, seed=1, global_batch=10)
+    ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, train_state=ts)
+    stager = ckpt._stager
+    assert stager is not None
+    real_stage = stager._stage
+
+    def slow_stage(*args: object, **kwargs: object) -> object:
+        time.sleep(0.5)  # without the optimizer pre-hook, opt.step() below would win this race
+        return real_stage(*args, **kwargs)
+
+    stager._stage = slow_stage  # type: ignore[method-assign]
+    before = snapshot(model)
+    path = ckpt.save(7)
+    assert ckpt._staging is not None, "staging should still be running in the background"
+    model(torch.randn(4, 256)).sum().backward()
+    opt.step()  # the pre-hook waits for staging; the saved state must be `before`
+    ts.step = 8
+    assert ckpt.wait() == path
+    ckpt.close()
+    assert layout.check_step(layout.open_store(str(tmp_path)), layout.step_dir_name(7)).complete
+
+    fresh_model, fresh_opt = make(seed=1)
+    fresh_ts = TrainState()
+    loader = Checkpointer(str(tmp_path), fresh_model, fresh_opt, ctx=ctx, train_state=fresh_ts)
+    assert loader.load(path) == 7 and fresh_ts == TrainState(7, 70, 1, 10)
+    for k, v in snapshot(fresh_model).items():
+        assert torch.equal(v, before[k]), k
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_fresh_directory_per_save(ctx: DistContext, tmp_path: Path) -> None:
+    model, opt = make()
+    ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
+    stale = tmp_path / layout.step_dir_name(5)
+    stale.mkdir()
+    (stale / "__9_0.distcp").write_bytes(b"old shard of a crashed attempt")
+    path = ckpt.save(5)
+    assert path == str(stale) and not (stale / "__9_0.distcp").exists()
+    assert ckpt.save(5) is None  # complete already: not rewritten
+    ckpt.close()
+
+
+@pytest.mark.timeout(60)
+def test_unloadable_checkpoint_fails_loudly(
+    ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, opt = make()
+    ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
+    monkeypatch.delenv(contract.RESUME_FROM, raising=False)
+    assert ckpt.resume() is None  # fresh start only when nothing was injected
+    partial = tmp_path / layout.step_dir_name(3)
+    partial.mkdir()
+    monkeypatch.setenv(contract.RESUME_FROM, str(partial))
+    with pytest.raises(CheckpointError, match=str(partial)):
+        ckpt.resume()
+    with pytest.raises(CheckpointError, match="not a step"):
+        ckpt.load(str(tmp_path / "elsewhere"))
+    # A complete checkpoint of a different model: DCP's failure is named, not a BaseException escape.
+    other, other_opt = nn.Linear(3, 3), None
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    Checkpointer(str(tmp_path), other, other_opt, ctx=ctx, async_save=False).save(4)
+    with pytest.raises(CheckpointError, match=layout.step_dir_name(4)):
+        ckpt.load(str(tmp_path / layout.step_dir_name(4)))
+    ckpt.close()
