@@ -53,7 +53,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
-    settings.persistence.finalizer = f"{c.GROUP}/operator"  # unused: no handler needs one
+    settings.scanning.disabled = True  # no CRD/namespace discovery: the RBAC grants only what we use
+    settings.peering.standalone = True  # one active replica (the chart's Deployment uses Recreate)
     load_config()
     state.kube = Kube()
     if state.settings.metrics_port:

@@ -35,7 +35,6 @@ def owner_reference(job: Job) -> dict[str, Any]:
         "name": job.name,
         "uid": job.uid,
         "controller": True,
-        "blockOwnerDeletion": True,
     }
 
 
