@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries lint test test-unit test-cluster bench clean
+.PHONY: help venv binaries lint test test-unit test-cluster chart bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ test-cluster: venv binaries ## The tests against the local Kubernetes control pl
 
 test: venv binaries lint ## Everything CI runs: lint, then every test (builds what it needs)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)
+	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
 
 bench: venv ## Print the benchmark tables (checkpoint discovery, checkpoint save/load)
 	$(PY) bench/discovery_bench.py

@@ -26,24 +26,21 @@ RELEASE = "rtj"
 OPERATOR_NS = "rtj-system"
 MOUNT = "/checkpoints"
 NODES = ("w0", "w1", "w2", "w3")
+HOST_DIR = "/rtj-checkpoints"  # a hostPath shared by every simulated node: the RWX checkpoint volume
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster.start("operator") as cl:
-        for name in NODES:
-            cl.add_node(name, cpu="4", memory="8Gi", gpus=1)
-        cl.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})  # the operator's home
-        shared = cl.host_path("/rtj-checkpoints")
-        shared.mkdir(parents=True, exist_ok=True)
-        cl.kubectl("create", "namespace", OPERATOR_NS)
-        cl.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
-                "--set", "checkpointStorage.hostPath=/rtj-checkpoints", "--set", f"checkpointStorage.mountPath={MOUNT}",
-                "--set", "nodeSelector.role=infra", "--set", "logLevel=DEBUG")  # fmt: skip
-        try:
-            yield cl
-        finally:
-            print(f"\ncluster logs kept in {cl.dir}")
+def cluster(rtj_cluster: Cluster) -> Cluster:
+    """The session cluster plus a pool of one-GPU training nodes and a node for the operator."""
+    for name in NODES:
+        rtj_cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
+    rtj_cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
+    rtj_cluster.host_path(HOST_DIR).mkdir(parents=True, exist_ok=True)
+    rtj_cluster.kubectl("create", "namespace", OPERATOR_NS)
+    rtj_cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
+                     "--set", f"checkpointStorage.hostPath={HOST_DIR}", "--set", f"checkpointStorage.mountPath={MOUNT}",
+                     "--set", "nodeSelector.role=infra", "--set", "logLevel=DEBUG")  # fmt: skip
+    return rtj_cluster
 
 
 def custom(cl: Cluster) -> Any:
@@ -83,12 +80,13 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
         "nodeLossTimeoutSeconds": 4,
         "template": {"spec": {
             "terminationGracePeriodSeconds": 2,
+            "nodeSelector": {"pool": "train"},
             "containers": [{
                 "name": "trainer", "image": "busybox", "command": ["sh", "-c", script or worker_script()],
                 "resources": {"limits": {c.GPU_RESOURCE: "1"}},
                 "volumeMounts": [{"name": "ckpt", "mountPath": MOUNT}],
             }],
-            "volumes": [{"name": "ckpt", "hostPath": {"path": "/rtj-checkpoints", "type": "Directory"}}],
+            "volumes": [{"name": "ckpt", "hostPath": {"path": HOST_DIR, "type": "Directory"}}],
         }},
     }  # fmt: skip
     body.update(spec)
@@ -99,6 +97,7 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     ns = f"t-{request.node.name.replace('_', '-')[:40].strip('-').lower()}"
     cluster.kubectl("create", "namespace", ns)
+    cluster.wait_for_default_sa(ns)
     yield ns
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     for node in NODES:  # leave every node alive for the next test
@@ -147,7 +146,7 @@ def test_job_starts_a_gang_with_the_contract(cluster: Cluster, namespace: str) -
         assert env[contract.MASTER_ADDR] == f"gang-a1-0.gang.{namespace}.svc"
         assert contract.RESUME_FROM not in env
     # the processes saw the same values (written by the stand-in trainer)
-    seen = wait_for(lambda: sorted(cluster.host_path("/rtj-checkpoints").glob("gang-*.env")), 30, "env files")
+    seen = wait_for(lambda: sorted(cluster.host_path(HOST_DIR).glob("gang-*.env")), 30, "env files")
     assert any(f"{contract.NNODES}=3" in f.read_text() for f in seen)
     svc = core(cluster).read_namespaced_service("gang", namespace)
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses
@@ -200,7 +199,7 @@ def node_of(pods: list[Any], rank: str) -> str:
 
 @pytest.mark.timeout(300)
 def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cluster, namespace: str) -> None:
-    root = cluster.host_path(f"/rtj-checkpoints/{namespace}-shrink")
+    root = cluster.host_path(f"{HOST_DIR}/{namespace}-shrink")
     make_checkpoint(root, step=12)
     apply(cluster, job_manifest("shrink", namespace, replicas=4))
     pods = running_attempt(cluster, namespace, "shrink", 1, 4)
