@@ -11,7 +11,7 @@ import pytest
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView, reconcile
 from resilient_operator.core.timeutil import fmt
-from resilient_trainer import contract
+from resilient_trainer import completion, contract
 from resilient_trainer.layout import Listing
 from tests.operator.builders import (
     CKPT_ROOT,
@@ -51,6 +51,7 @@ def four_running(**overrides: Any) -> list[PodView]:
 
 LOST_LEASE = {"n3": dict(lease_age=25.0)}
 ALL4 = {f"demo-a1-{r}" for r in range(4)}
+SUCCESS_MESSAGE = completion.format_message(completion.SUCCEEDED, step=40, attempt=1, world_size=4)
 RESUMED_9 = (f"{CKPT_ROOT}/step-0000000009", 9)
 
 
@@ -152,7 +153,7 @@ ROWS = [
     Row("success", job(running_status()), gang(1, 4, phase="Succeeded"), healthy(4), phase=c.SUCCEEDED,
         events={c.REASON_COMPLETED}, status={"conditions.Succeeded": "True"}),
     Row("success recorded by the marker despite an abort at exit", job(running_status()),
-        four_running(**{f"r{i}": dict(phase="Failed", exit_code=1, message=contract.COMPLETION_MARKER)
+        four_running(**{f"r{i}": dict(phase="Failed", exit_code=1, message=SUCCESS_MESSAGE)
                         for i in range(4)}), healthy(4), phase=c.SUCCEEDED),
     Row("suspend deletes the gang gracefully", job(running_status(), suspend=True), four_running(), healthy(4),
         phase=c.SUSPENDED, delete={f"demo-a1-{r}" for r in range(4)}, events={c.REASON_SUSPENDED},

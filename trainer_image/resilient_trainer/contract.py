@@ -117,9 +117,3 @@ class WorkerEnv:
             desired_nnodes=integer(DESIRED_NNODES, desired, 1) if desired else None,
         )
 
-
-# How a worker tells the operator it finished its work, independent of the exit code: a process can
-# abort at interpreter exit after a complete run (gloo: "terminate called without an active
-# exception", exit code 1). The trainer writes this marker into the pod's termination message.
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-COMPLETION_MARKER = "resilient-training: complete"

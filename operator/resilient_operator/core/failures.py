@@ -14,7 +14,7 @@ from datetime import datetime
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView, PodView
 from resilient_operator.core.nodes import NodeLoss, node_loss
-from resilient_trainer.contract import COMPLETION_MARKER
+from resilient_trainer import completion
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {
@@ -53,10 +53,12 @@ class Failure:
 
 
 def finished_ok(pod: PodView) -> bool:
-    """Succeeded, or wrote the completion marker before an abort at interpreter exit."""
+    """Succeeded, or recorded success (termination message) before an abort at interpreter exit."""
     if pod.phase == "Succeeded":
         return True
-    return pod.phase == "Failed" and any(COMPLETION_MARKER in t.message for t in pod.terminations)
+    return pod.phase == "Failed" and any(
+        (outcome := completion.parse_message(t.message)) is not None and outcome.succeeded for t in pod.terminations
+    )
 
 
 def lost_nodes(

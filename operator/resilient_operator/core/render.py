@@ -11,7 +11,8 @@ from typing import Any
 
 from resilient_operator import constants as c
 from resilient_operator.core.model import Job
-from resilient_trainer.contract import TERMINATION_MESSAGE_PATH, WorkerEnv
+from resilient_trainer import completion
+from resilient_trainer.contract import WorkerEnv
 from resilient_trainer.layout import Verdict
 
 
@@ -93,7 +94,7 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") not in injected]
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
-        container.setdefault("terminationMessagePath", TERMINATION_MESSAGE_PATH)
+        container.setdefault("terminationMessagePath", completion.TERMINATION_LOG_DEFAULT)
     spec["restartPolicy"] = "Never"
     spec["hostname"] = name
     spec["subdomain"] = service_name(job.name)
