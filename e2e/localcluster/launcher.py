@@ -8,15 +8,25 @@ volumes appear at their Kubernetes paths for this process tree only. Standard li
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
-import subprocess
 import sys
 
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+_libc = ctypes.CDLL(None, use_errno=True)
 
-def _mount(*args: str, fds: tuple[int, ...] = ()) -> None:
-    subprocess.run(["mount", *args], check=True, timeout=30, pass_fds=fds)
+
+def _bind(source: str, target: str, read_only: bool) -> None:
+    # The mount(2) syscall, not mount(8): mount(8) canonicalizes /proc/self/fd/N back to a path
+    # that an earlier mount may hide.
+    if _libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bind {source} -> {target}: {os.strerror(err)}")
+    if read_only and _libc.mount(None, target.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"remount ro {target}: {os.strerror(err)}")
 
 
 def _ensure_target(src: str, dst: str) -> None:
@@ -32,17 +42,22 @@ def main() -> None:
     """Bind-mount volumes and files, set the hostname, then exec the container's command."""
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    # Pin every source first: an earlier mount (an emptyDir on /tmp, say) may hide a later source.
-    sources = [os.open(m["source"], os.O_PATH) for m in spec["mounts"]]
-    for m, fd in zip(spec["mounts"], sources, strict=True):
-        _ensure_target(m["source"], m["target"])
-        _mount("--bind", f"/proc/self/fd/{fd}", m["target"], fds=(fd,))
-        if m.get("readOnly"):
-            _mount("-o", "remount,bind,ro", m["target"])
+    # The default working directory is entered before any mount can hide it.
+    os.makedirs(spec["defaultDir"], exist_ok=True)
+    os.chdir(spec["defaultDir"])
+    # Parents before children (as runtimes order mounts), and every source pinned by an O_PATH fd
+    # first: an earlier mount (an emptyDir on /tmp, say) may hide a later source.
+    mounts = sorted(spec["mounts"], key=lambda m: len(os.path.normpath(m["target"]).split("/")))
+    sources = [os.open(m["source"], os.O_PATH) for m in mounts]
+    for m, fd in zip(mounts, sources, strict=True):
+        _ensure_target(f"/proc/self/fd/{fd}", m["target"])
+        _bind(f"/proc/self/fd/{fd}", m["target"], bool(m.get("readOnly")))
+    for fd in sources:
+        os.close(fd)
     socket.sethostname(spec["hostname"])
-    cwd = spec.get("workingDir") or spec["defaultDir"]
-    os.makedirs(cwd, exist_ok=True)
-    os.chdir(cwd)
+    if spec.get("workingDir"):
+        os.makedirs(spec["workingDir"], exist_ok=True)
+        os.chdir(spec["workingDir"])
     argv = spec["argv"]
     try:
         os.execvpe(argv[0], argv, spec["env"])
