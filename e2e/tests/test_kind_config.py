@@ -1,0 +1,78 @@
+"""The kind backend's config and commands (no Docker needed: commands are recorded, not run)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.kindcluster import SHARED_PATHS, KindCluster, kind_config, worker_container_names
+
+
+class Recorder:
+    """A runner that records argv and answers success."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_config_has_one_control_plane_and_workers_sharing_every_mount(tmp_path: Path) -> None:
+    cfg = kind_config(3, tmp_path, "8s", "1s")
+    roles = [n["role"] for n in cfg["nodes"]]
+    assert roles == ["control-plane", "worker", "worker", "worker"]
+    for node in cfg["nodes"]:
+        assert {m["containerPath"] for m in node["extraMounts"]} == set(SHARED_PATHS)
+        for m in node["extraMounts"]:
+            assert m["hostPath"] == str(tmp_path / m["containerPath"].lstrip("/"))
+    assert cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+
+
+def test_controller_manager_flags_go_through_a_kubeadm_patch(tmp_path: Path) -> None:
+    (patch,) = kind_config(3, tmp_path, "12s", "2s")["kubeadmConfigPatches"]
+    assert "kind: ClusterConfiguration" in patch
+    assert 'node-monitor-grace-period: "12s"' in patch
+    assert 'node-monitor-period: "2s"' in patch
+
+
+def test_worker_names_follow_kind() -> None:
+    assert worker_container_names("c", 3) == ["c-worker", "c-worker2", "c-worker3"]
+
+
+def test_start_creates_then_builds_and_loads_each_image(tmp_path: Path) -> None:
+    rec = Recorder()
+    cl = KindCluster.start("t", base_dir=tmp_path, runner=rec, workers=3)
+    create, *rest = rec.calls
+    assert create[:3] == ["kind", "create", "cluster"] and "--config" in create
+    builds = [c for c in rest if c[:2] == ["docker", "build"]]
+    loads = [c for c in rest if c[:3] == ["kind", "load", "docker-image"]]
+    assert len(builds) == len(loads) == 2
+    assert all(c[-2:] == ["--name", cl.name] for c in loads)
+    assert (cl.dir / "kind.json").exists()
+
+
+def test_add_kill_restore_map_names_to_kind_workers(tmp_path: Path) -> None:
+    rec = Recorder()
+    cl = KindCluster.start("t", base_dir=tmp_path, runner=rec, workers=2, build_images=False)
+    rec.calls.clear()
+    assert cl.add_node("node-1", gpus=2, labels={"role": "w"}) == f"{cl.name}-worker"
+    label, gpu = rec.calls
+    assert label[2:5] == ["label", "node", f"{cl.name}-worker"] and "rtj.local/name=node-1" in label
+    assert "--subresource=status" in gpu and "nvidia.com~1gpu" in gpu[-1]
+    assert cl.kill_command("node-1") == ["docker", "pause", f"{cl.name}-worker"]
+    assert cl.restore_command("node-1") == ["docker", "unpause", f"{cl.name}-worker"]
+    cl.add_node("node-2")
+    with pytest.raises(RuntimeError, match="no spare kind worker"):
+        cl.add_node("node-3")
+
+
+def test_host_path_only_for_shared_paths(tmp_path: Path) -> None:
+    cl = KindCluster.start("t", base_dir=tmp_path, runner=Recorder(), build_images=False)
+    assert cl.host_path("/rtj-checkpoints/job") == cl.dir / "hostpath" / "rtj-checkpoints" / "job"
+    with pytest.raises(ValueError):
+        cl.host_path("/elsewhere")
