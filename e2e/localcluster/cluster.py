@@ -436,6 +436,10 @@ class Cluster:
         if wait:
             self.wait_node_ready(name, timeout=timeout)
 
+    def node_name(self, name: str) -> str:
+        """The Node's name for a requested name (identity here; the kind backend maps names)."""
+        return name
+
     def node_ready(self, name: str) -> bool:
         """True when the Node's Ready condition is True."""
         out = self.kubectl("get", "node", name, "-o",
