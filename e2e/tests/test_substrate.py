@@ -347,3 +347,44 @@ def test_pods_on_different_nodes_reach_each_other_by_headless_dns(rtj_cluster: A
     s = core.read_namespaced_pod("server", namespace)
     assert s.spec.node_name != p.spec.node_name
     assert f"server.peers -> {s.status.pod_ip} server" in log
+
+
+@pytest.mark.timeout(150)
+def test_torch_rendezvous_over_headless_dns_across_nodes(rtj_cluster: Any, core: client.CoreV1Api,
+                                                         namespace: str) -> None:
+    """Two pods on two nodes form a gloo process group with MASTER_ADDR=<hostname>.<subdomain>."""
+    rtj_cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tr"},
+                       "spec": {"clusterIP": "None", "selector": {"app": "tr"}, "publishNotReadyAddresses": True,
+                                "ports": [{"port": 29500}]}}, namespace)
+    script = """
+        import os, socket, time
+        deadline = time.time() + 60
+        while True:  # the peer's record appears once its pod has an IP, as with CoreDNS
+            try:
+                socket.gethostbyname(os.environ["MASTER_ADDR"])
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        import datetime, torch, torch.distributed as dist
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", t.item(), flush=True)
+        assert t.item() == 3.0
+        dist.destroy_process_group()
+    """
+    for rank, node in ((0, "node-1"), (1, "node-2")):
+        body = pod(f"w{rank}", script, node=rtj_cluster.node_name(node), hostname=f"w{rank}", subdomain="tr",
+                   image="resilient-training-trainer:e2e")
+        body["metadata"]["labels"] = {"app": "tr"}
+        body["spec"]["containers"][0]["env"] = [
+            {"name": "MASTER_ADDR", "value": "w0.tr"}, {"name": "MASTER_PORT", "value": "29500"},
+            {"name": "RANK", "value": str(rank)}, {"name": "WORLD_SIZE", "value": "2"}]
+        core.create_namespaced_pod(namespace, body)
+    for rank in (0, 1):
+        p = wait_pod(core, namespace, f"w{rank}", phase_in("Succeeded", "Failed"), 120)
+        log = rtj_cluster.pod_log(namespace, f"w{rank}")
+        assert p.status.phase == "Succeeded", log
+        assert f"rank {rank} of 2 sum 3.0" in log
