@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from resilient_trainer import layout
 
+from resilient_trainer import layout
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc
@@ -89,3 +89,16 @@ def test_reshard_load_is_bitwise(
     assert after["train"]["step"] == STEPS and after["train"]["samples_seen"] == STEPS * 12
     assert after["scheduler"]["last_epoch"] == STEPS
     assert_bitwise_equal(before, after, "state")
+
+
+@pytest.mark.timeout(180)
+def test_ddp_checkpoint_loads_at_another_world_size(module_launcher: Launcher) -> None:
+    """DDP state is replicated; DCP stores it once and loads it at any world size (here 2 -> 1)."""
+    root = module_launcher.tmp / "ddp"
+    saved_dump, loaded_dump = module_launcher.tmp / "ddp-saved.pt", module_launcher.tmp / "ddp-loaded.pt"
+    ddp = [*COMMON, "--parallel", "ddp", "--checkpoint-every", "0", "--checkpoint-root", str(root)]
+    module_launcher.run(2, [*ddp, "--dump-state", str(saved_dump)])
+    ckpt = layout.latest_complete(layout.open_store(str(root)))
+    assert ckpt is not None and ckpt.step == STEPS
+    module_launcher.run(1, [*ddp, "--resume-from", ckpt.path, "--dump-state", str(loaded_dump)])
+    assert_bitwise_equal(torch.load(saved_dump, weights_only=False), torch.load(loaded_dump, weights_only=False))

@@ -197,7 +197,8 @@ def build(args: argparse.Namespace, ctx: rdist.DistContext) -> tuple[nn.Module, 
 
         model = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
-        def sum_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        # No annotations: DDP inspects them and `from __future__ import annotations` makes them strings.
+        def sum_hook(state, bucket):  # type: ignore[no-untyped-def]
             return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
         model.register_comm_hook(None, sum_hook)
