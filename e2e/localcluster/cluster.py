@@ -8,7 +8,6 @@ Nodes are simulated by `node_agent.py` processes that run pods as local processe
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
@@ -141,7 +140,7 @@ class Cluster:
     python_bin_dir: Path
     components: dict[str, Component] = field(default_factory=dict)
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
-    die_with_parent: bool = True
+    _watchdog: subprocess.Popen[bytes] | None = None
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -187,9 +186,11 @@ class Cluster:
             api_url=f"https://{api_host}:{port}", api_host=api_host, api_port=port, subnet=x,
             bridge=bridge, pki=pki, node_monitor_grace_period=node_monitor_grace_period,
             image_entrypoints=entry,
-            python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent), die_with_parent=not detach,
+            python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent),
         )
-        (cdir / "cluster.json").write_text(json.dumps(cluster.describe(), indent=2))
+        cluster._save()
+        if not detach:
+            cluster._start_watchdog()
         try:
             cluster._start_control_plane(node_monitor_period, extra_apiserver_args,
                                          extra_controller_manager_args, timeout)
@@ -211,17 +212,22 @@ class Cluster:
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
             proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir,
-                                    preexec_fn=self._preexec)  # noqa: PLW1509
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
         comp = Component(name, proc, log)
         self.components[name] = comp
         return comp
 
-    def _preexec(self) -> None:
-        # Tie component lifetime to the harness process unless detached (`up` from the CLI):
-        # a crashed pytest must not leave a control plane behind.
-        if self.die_with_parent:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    def _start_watchdog(self) -> None:
+        # Tie the cluster's lifetime to the harness process unless detached (`up` from the CLI):
+        # a crashed or killed pytest must not leave a control plane behind. The watchdog waits for
+        # EOF on a pipe only we hold, then runs `down`. (PR_SET_PDEATHSIG would fire when the
+        # *thread* that spawned a process exits, which breaks add_node from a worker thread.)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read(); "
+             "from e2e.localcluster.cluster import down; down(sys.argv[1])", str(self.dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=(self.dir / "watchdog.log").open("ab"),
+            start_new_session=True, cwd=REPO_ROOT, env=env)
 
     def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path) -> None:
         cfg = {
@@ -333,6 +339,12 @@ class Cluster:
 
     def stop(self, *, remove: bool = False) -> None:
         """Kill every node and component, delete the network; keep the directory (logs) unless `remove`."""
+        if self._watchdog is not None:
+            # Gone before we free the bridge name, so it cannot tear down a successor cluster's network.
+            self._watchdog.kill()
+            self._watchdog.wait(timeout=10)
+            self._watchdog.stdin.close()  # type: ignore[union-attr]
+            self._watchdog = None
         for node in self.nodes.values():
             if node.proc and node.proc.poll() is None:
                 kill_process_tree(node.proc.pid)
@@ -415,7 +427,7 @@ class Cluster:
             node.proc = subprocess.Popen(
                 [sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                cwd=REPO_ROOT, env=env, preexec_fn=self._preexec)  # noqa: PLW1509
+                cwd=REPO_ROOT, env=env)
         node.killed = False
 
     def kill_node(self, name: str) -> None:

@@ -388,3 +388,20 @@ def test_torch_rendezvous_over_headless_dns_across_nodes(rtj_cluster: Any, core:
         log = rtj_cluster.pod_log(namespace, f"w{rank}")
         assert p.status.phase == "Succeeded", log
         assert f"rank {rank} of 2 sum 3.0" in log
+
+
+@pytest.mark.timeout(60)
+def test_fake_gpus_are_scheduled_as_extended_resources(rtj_cluster: Any, core: client.CoreV1Api,
+                                                       namespace: str) -> None:
+    def gpu_pod(name: str, gpus: int) -> dict[str, Any]:
+        body = pod(name, "pass")
+        body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        return body
+
+    core.create_namespaced_pod(namespace, gpu_pod("too-many", 3))  # session nodes have 2 each
+    core.create_namespaced_pod(namespace, gpu_pod("fits", 2))
+    p = wait_pod(core, namespace, "fits", phase_in("Succeeded", "Failed"), 45)
+    assert p.status.phase == "Succeeded"
+    unsched = wait_pod(core, namespace, "too-many", lambda p: any(
+        c.type == "PodScheduled" and c.reason == "Unschedulable" for c in (p.status.conditions or [])), 30)
+    assert "nvidia.com/gpu" in next(c.message for c in unsched.status.conditions if c.type == "PodScheduled")
