@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from resilient_trainer import completion, layout
 
+from resilient_trainer import completion, layout
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc
