@@ -189,7 +189,7 @@ class PodRuntime(threading.Thread):
         self.ns: str = meta["namespace"]
         self.pod_name: str = meta["name"]
         self.dir = agent.dir / "pods" / f"{self.ns}_{self.pod_name}_{self.uid[:8]}"
-        self.netns = f"{agent.cfg['netns_prefix']}{self.uid[:8]}"
+        self.netns = f"{agent.netns_prefix}{self.uid[:8]}"
         self.veth = f"v{agent.cfg['subnet']}{self.uid[:8]}"
         self.removed = threading.Event()  # pod gone from the API (force delete)
         self.wake = threading.Event()
@@ -666,7 +666,9 @@ class PodRuntime(threading.Thread):
                 else:
                     ctr.ready = self.probe(ctr)
         if any("running" in c.state or "waiting" in c.state for c in self.containers):
-            self.phase = "Running" if any(c.proc for c in self.containers) else "Pending"
+            # A pod whose containers once started stays Running through restarts and back-off.
+            if any(c.proc for c in self.containers) or any(c.restart_count for c in self.containers):
+                self.phase = "Running"
             return
         codes = [c.state["terminated"]["exitCode"] for c in self.containers]
         self.phase = "Succeeded" if all(x == 0 for x in codes) else "Failed"
@@ -722,6 +724,7 @@ class NodeAgent:
         self.api = Api(cfg["api_host"], cfg["api_port"], cfg["ca_crt"], user["client-certificate"],
                        user["client-key"])
         self.runtimes: dict[str, PodRuntime] = {}
+        self.netns_prefix = f"{cfg['netns_prefix']}{cfg['index']}-"
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.hosts_dirty = True
@@ -909,6 +912,9 @@ class NodeAgent:
         # Orphaned grandchildren of pods re-parent to the agent, so kill_node finds the whole tree.
         with contextlib.suppress(Exception):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        # A restarted agent (a rebooted machine) first drops the pod sandboxes of its previous life:
+        # their processes are gone, and a stale veth would duplicate an IP it hands out again.
+        network.delete_netns_with_prefix(self.netns_prefix)
         self.register()
         threading.Thread(target=self.heartbeat_loop, daemon=True, name="heartbeat").start()
         for inf in (self.pods, self.all_pods, self.services):

@@ -405,3 +405,23 @@ def test_fake_gpus_are_scheduled_as_extended_resources(rtj_cluster: Any, core: c
     unsched = wait_pod(core, namespace, "too-many", lambda p: any(
         c.type == "PodScheduled" and c.reason == "Unschedulable" for c in (p.status.conditions or [])), 30)
     assert "nvidia.com/gpu" in next(c.message for c in unsched.status.conditions if c.type == "PodScheduled")
+
+
+@pytest.mark.timeout(60)
+def test_on_failure_restarts_the_container_and_counts_it(rtj_cluster: Any, core: client.CoreV1Api,
+                                                         namespace: str) -> None:
+    script = """
+        import os
+        os.makedirs("/scratch", exist_ok=True)
+        first = not os.path.exists("/scratch/ran")
+        open("/scratch/ran", "w").close()
+        raise SystemExit(3 if first else 0)
+    """
+    body = pod("flaky", script, restart="OnFailure")
+    body["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
+    core.create_namespaced_pod(namespace, body)
+    p = wait_pod(core, namespace, "flaky", phase_in("Succeeded", "Failed"), 45)
+    st = p.status.container_statuses[0]
+    assert (p.status.phase, st.restart_count) == ("Succeeded", 1)
+    assert st.last_state.terminated.exit_code == 3
