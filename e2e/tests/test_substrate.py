@@ -425,3 +425,20 @@ def test_on_failure_restarts_the_container_and_counts_it(rtj_cluster: Any, core:
     st = p.status.container_statuses[0]
     assert (p.status.phase, st.restart_count) == ("Succeeded", 1)
     assert st.last_state.terminated.exit_code == 3
+
+
+@pytest.mark.timeout(90)
+def test_restored_node_reports_its_lost_run_once_pod_failed(rtj_cluster: Any, core: client.CoreV1Api,
+                                                           namespace: str) -> None:
+    requested = f"reboot-{namespace[-4:]}"
+    rtj_cluster.add_node(requested)
+    node = rtj_cluster.node_name(requested)
+    core.create_namespaced_pod(namespace, pod("lost", "import time\nwhile True: time.sleep(1)", node=node))
+    wait_pod(core, namespace, "lost", phase_in("Running"), 45)
+    rtj_cluster.kill_node(requested)
+    rtj_cluster.restore_node(requested)  # back before any eviction (default toleration: 300 s)
+    p = wait_pod(core, namespace, "lost", phase_in("Succeeded", "Failed"), 30)
+    term = p.status.container_statuses[0].state.terminated
+    assert (p.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
+    rtj_cluster.kill_node(requested)
+    core.delete_node(node)
