@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from resilient_operator import constants as c
-from resilient_operator.core import Job, NodeView, PodView, reconcile
+from resilient_operator.core import Job, NodeView, PodView, reconcile, render
 from resilient_operator.core.timeutil import fmt
 from resilient_trainer import completion, contract
 from resilient_trainer.layout import Listing
@@ -249,7 +249,25 @@ def test_recovery_sequence_ends_with_one_smaller_gang() -> None:
     history = plan.status["history"]
     assert [h["attempt"] for h in history] == [1, 2]
     assert history[0]["endReason"] == c.REASON_NODE_LOST
-    assert all("nodeName" not in p["spec"] for p in pods)  # placement is the scheduler's job
+    assert all("nodeName" not in p["spec"] for p in pods)  # placement is the scheduler's job...
+    for p in pods:  # ...but not onto the node we know is dead, which Kubernetes may still call Ready
+        terms = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]}
+        ]
+
+
+def test_avoiding_lost_nodes_keeps_the_users_affinity() -> None:
+    user = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a"]}]},
+                                  {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["b"]}]}]}
+    j = job(template={"spec": {"containers": [{"name": "t"}],
+                               "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": user}}}})
+    spec = render.pod_manifest(j, 2, 0, 3, None, ["n3"])["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 2
+    for term in terms:
+        assert term["matchExpressions"][0]["key"] == "gpu"
+        assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]
 
 
 def test_lease_deadline_is_the_next_look() -> None:

@@ -148,6 +148,11 @@ def _lost_node_names(ctx: _Ctx, pods: Sequence[PodView]) -> set[str]:
     return set(failures.lost_nodes(pods, ctx.nodes, ctx.now, ctx.timeout()))
 
 
+def _all_lost_nodes(ctx: _Ctx) -> list[str]:
+    """Every node we count as lost, whether or not Kubernetes has noticed yet."""
+    return sorted(n for n, view in ctx.nodes.items() if nodes.node_loss(n, view, ctx.now, ctx.timeout()))
+
+
 def _fence(ctx: _Ctx, pods: Sequence[PodView]) -> None:
     """Delete pods; those on lost nodes with grace period 0, since no kubelet will confirm the kill."""
     lost = _lost_node_names(ctx, pods)
@@ -200,7 +205,8 @@ def _watch_attempt(ctx: _Ctx) -> None:
         missing = [r for r in range(replicas) if r not in present]
         resume = _resume_verdict(st)
         for rank in missing:  # a crash between the status write and the creates
-            ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume))
+            ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
+                                                       _all_lost_nodes(ctx)))  # fmt: skip
         if not missing and all(p.phase == "Running" for p in current):
             ctx.set_phase(c.RUNNING)
             _history_nodes(ctx, current)
@@ -362,8 +368,9 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
     ctx.set_phase(c.STARTING)
     _open_history(ctx, attempt, replicas, resume.step if resume else None)
     ctx.plan.create.append(render.service_manifest(ctx.job))
+    lost = _all_lost_nodes(ctx)
     for rank in range(replicas):
-        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume))
+        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume, lost))
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")

@@ -7,6 +7,7 @@ terminating never collide with the new gang, and a restarted operator can read t
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from resilient_operator import constants as c
@@ -74,7 +75,27 @@ def worker_env(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict
     )
 
 
-def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None) -> dict[str, Any]:
+def avoid_nodes(spec: dict[str, Any], nodes: Sequence[str]) -> None:
+    """Keep the scheduler off nodes we know are lost but Kubernetes may still call Ready.
+
+    The node-lifecycle controller notices a silent node only after its grace period; without this
+    a relaunched worker can land on the dead node and break the new attempt at once. The rule is
+    ANDed into every required node-affinity term the user wrote (terms are ORed).
+    """
+    if not nodes:
+        return
+    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchFields", []).append(rule)
+
+
+def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None,
+                 lost_nodes: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -96,6 +117,7 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
         container.setdefault("terminationMessagePath", completion.TERMINATION_LOG_DEFAULT)
     spec["restartPolicy"] = "Never"
+    avoid_nodes(spec, lost_nodes)
     spec["hostname"] = name
     spec["subdomain"] = service_name(job.name)
     return {
