@@ -186,9 +186,10 @@ def test_application_failure_backs_off_then_fails(cluster: Cluster, namespace: s
     assert status["lastFailure"]["exitCode"] == 3 and status["lastFailure"]["kind"] == c.APPLICATION
     cond = {x["type"]: x for x in status["conditions"]}[c.COND_FAILED]
     assert cond["status"] == "True" and cond["reason"] == c.REASON_APP_BUDGET
-    story = events(cluster, namespace, "app")
+    # events follow the status write that they describe
+    story = wait_for(lambda: (e := events(cluster, namespace, "app")) and any(
+        x.startswith(c.REASON_APP_BUDGET) for x in e) and e, 30, "the budget event")  # fmt: skip
     assert any(e.startswith(c.REASON_BACKOFF) for e in story), story
-    assert any(e.startswith(c.REASON_APP_BUDGET) for e in story), story
     wait_for(lambda: not [p for p in job_pods(cluster, namespace, "app") if p.status.phase == "Running"], 60,
              "no worker left running after the failure")  # fmt: skip
 
@@ -227,8 +228,8 @@ def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cl
     assert env[contract.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000024"
     status = get_job(cluster, namespace, "shrink")["status"]
     assert status["resumedFrom"]["step"] == 24 and status["workers"] == "3/4"
-    story = events(cluster, namespace, "shrink")
-    assert any("restarted 4 -> 3 workers from step-0000000024" in e for e in story), story
+    wait_for(lambda: any("restarted 4 -> 3 workers from step-0000000024" in e
+                         for e in events(cluster, namespace, "shrink")), 30, "the restart event")  # fmt: skip
 
 
 @pytest.mark.timeout(300)
