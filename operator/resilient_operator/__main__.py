@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 import kopf
+from kopf._core.engines.peering import Identity
 
 from resilient_operator import handlers
 from resilient_operator.kube import NODE_LEASE_NAMESPACE
@@ -19,6 +22,8 @@ def main() -> None:
         namespaces.append(NODE_LEASE_NAMESPACE)  # node heartbeats live there
     kopf.run(
         standalone=True,
+        # kopf would ask the passwd database for a user name; a pod's uid may have none (65532, OpenShift)
+        identity=Identity(os.environ.get("POD_NAME") or socket.gethostname()),
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
