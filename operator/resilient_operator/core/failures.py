@@ -100,7 +100,7 @@ def detect(
             return Failure(c.INFRASTRUCTURE, _INFRA_POD_REASONS[pod.reason],
                            f"pod {pod.name} {pod.reason}: {pod.message}".rstrip(": "),
                            pod=pod.name, node=pod.node_name)  # fmt: skip
-        if pod.deleting and not finished_ok(pod) and pod.phase not in ("Failed",):
+        if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)  # fmt: skip
     if all_created:
