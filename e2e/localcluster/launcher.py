@@ -3,7 +3,9 @@
 Started by the node agent as
 `ip netns exec <ns> unshare --mount --uts --propagation private python launcher.py spec.json`.
 The mounts are private to this mount namespace, so the ServiceAccount token, /etc/hosts and the
-volumes appear at their Kubernetes paths for this process tree only. Standard library only.
+volumes appear at their Kubernetes paths for this process tree only. With a securityContext it then
+makes the root filesystem read-only and drops to runAsUser/runAsGroup/supplementalGroups+fsGroup.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,27 @@ def _ensure_target(src: str, dst: str) -> None:
         open(dst, "a").close()
 
 
+def _expose(paths: list[str]) -> None:
+    """Make `paths` reachable for a non-root user whose way there crosses a 0700 directory.
+
+    The interpreter lives under /root (mode 0700): mount a tmpfs over the closed ancestor in this
+    mount namespace only and bind the needed directory back, so the rest of /root stays hidden.
+    """
+    for path in paths:
+        parts = os.path.normpath(path).split("/")[1:]
+        ancestors = ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+        closed = next((a for a in ancestors if not os.stat(a).st_mode & 0o001), None)
+        if closed is None:
+            continue
+        fd = os.open(path, os.O_PATH)
+        if _libc.mount(b"tmpfs", closed.encode(), b"tmpfs", 0, b"mode=0755") != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"tmpfs {closed}: {os.strerror(err)}")
+        os.makedirs(path, exist_ok=True)
+        _bind(f"/proc/self/fd/{fd}", path, read_only=True)
+        os.close(fd)
+
+
 def main() -> None:
     """Bind-mount volumes and files, set the hostname, then exec the container's command."""
     with open(sys.argv[1]) as f:
@@ -57,6 +80,19 @@ def main() -> None:
     socket.sethostname(spec["hostname"])
     if spec.get("workingDir"):
         os.makedirs(spec["workingDir"], exist_ok=True)
+    user = spec.get("user")
+    if user:
+        _expose(spec.get("expose") or [])
+    # A per-mount flag on this namespace's copy of / (MS_BIND|MS_REMOUNT), never the host's superblock.
+    if spec.get("readOnlyRootFilesystem") and _libc.mount(None, b"/", None,
+                                                         MS_BIND | MS_REMOUNT | MS_RDONLY, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"remount / ro: {os.strerror(err)}")
+    if user:
+        os.setgroups(user["groups"])
+        os.setgid(user["gid"])
+        os.setuid(user["uid"])
+    if spec.get("workingDir"):
         os.chdir(spec["workingDir"])
     argv = spec["argv"]
     try:

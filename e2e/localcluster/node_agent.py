@@ -265,6 +265,7 @@ class PodRuntime(threading.Thread):
         vdir = self.dir / "volumes" / name
         if "emptyDir" in vol:
             vdir.mkdir(parents=True, exist_ok=True)
+            vdir.chmod(0o777)  # the kubelet creates emptyDir world-writable
             return str(vdir), False
         if "hostPath" in vol:
             return str(self.agent.host_path(vol["hostPath"]["path"])), False
@@ -444,9 +445,11 @@ class PodRuntime(threading.Thread):
             mounts.append({"source": src, "target": vm["mountPath"], "readOnly": ro or vm.get("readOnly", False)})
         term = self.dir / f"{ctr.name}.termination-log"
         term.write_text("")
+        term.chmod(0o666)  # as the kubelet creates it: writable by any container user
         mounts.append({"source": str(term), "target": c.get("terminationMessagePath") or "/dev/termination-log"})
         spec = {"mounts": mounts, "hostname": self.hostname(), "env": env, "argv": argv,
-                "workingDir": c.get("workingDir"), "defaultDir": str(self.dir / "rootfs" / ctr.name)}
+                "workingDir": c.get("workingDir"), "defaultDir": str(self.dir / "rootfs" / ctr.name),
+                **self.security(c, env)}
         spec_path = self.dir / f"{ctr.name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         log = (self.dir / f"{ctr.name}.log").open("ab")
@@ -458,6 +461,23 @@ class PodRuntime(threading.Thread):
         ctr.started_mono = time.monotonic()
         ctr.state = {"running": {"startedAt": now()}}
         LOG.info("started %s/%s container %s pid %d: %s", self.ns, self.pod_name, ctr.name, ctr.proc.pid, argv)
+
+    def security(self, c: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+        """runAsUser/runAsGroup/supplementalGroups/fsGroup and readOnlyRootFilesystem for the launcher."""
+        if not self.agent.cfg.get("honour_security_context", True):
+            return {}
+        psc = self.pod["spec"].get("securityContext") or {}
+        csc = c.get("securityContext") or {}
+        out: dict[str, Any] = {"readOnlyRootFilesystem": bool(csc.get("readOnlyRootFilesystem"))}
+        uid = csc.get("runAsUser", psc.get("runAsUser"))
+        if uid:  # unset means the image's user, which is root for every image mapped here
+            groups = [*(psc.get("supplementalGroups") or []), *([psc["fsGroup"]] if "fsGroup" in psc else [])]
+            out["user"] = {"uid": int(uid), "gid": int(csc.get("runAsGroup", psc.get("runAsGroup", 0))),
+                           "groups": sorted({int(g) for g in groups})}
+            out["expose"] = [sys.base_prefix]
+            if "HOME" not in {e["name"] for e in c.get("env") or []}:
+                env["HOME"] = "/"  # what runtimes set for a uid without a passwd entry
+        return out
 
     def reap(self, ctr: Container) -> bool:
         """Record the container's exit if it exited; returns True when it did."""

@@ -442,3 +442,29 @@ def test_restored_node_reports_its_lost_run_once_pod_failed(rtj_cluster: Any, co
     assert (p.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
     rtj_cluster.kill_node(requested)
     core.delete_node(node)
+
+
+@pytest.mark.timeout(60)
+def test_security_context_sets_user_groups_and_read_only_root(rtj_cluster: Any, core: client.CoreV1Api,
+                                                              namespace: str) -> None:
+    script = """
+        import os
+        assert (os.getuid(), os.getgid()) == (1000, 1000), (os.getuid(), os.getgid())
+        assert 2000 in os.getgroups(), os.getgroups()
+        open("/scratch/ok", "w").write("emptyDir is writable")
+        try:
+            open("/etc/should-fail", "w")
+        except OSError as e:
+            assert e.errno == 30, e  # EROFS
+        else:
+            raise SystemExit("root filesystem is writable")
+        open("/dev/termination-log", "w").write("non-root done")
+    """
+    body = pod("nonroot", script, securityContext={"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000})
+    body["spec"]["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
+    body["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
+    core.create_namespaced_pod(namespace, body)
+    p = wait_pod(core, namespace, "nonroot", phase_in("Succeeded", "Failed"), 45)
+    assert p.status.phase == "Succeeded", rtj_cluster.pod_log(namespace, "nonroot")
+    assert p.status.container_statuses[0].state.terminated.message == "non-root done"
