@@ -80,6 +80,7 @@ def test_rendered_pod_carries_exactly_the_contract() -> None:
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["hostname"] == "demo-a3-1" and pod["spec"]["subdomain"] == "demo"
     assert pod["metadata"]["ownerReferences"][0]["controller"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False  # no API token unless the template asks
 
 
 def test_user_env_is_kept_and_contract_names_win() -> None:

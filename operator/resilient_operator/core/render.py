@@ -117,6 +117,7 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
         container.setdefault("terminationMessagePath", completion.TERMINATION_LOG_DEFAULT)
     spec["restartPolicy"] = "Never"
+    spec.setdefault("automountServiceAccountToken", False)  # workers need no API access unless asked
     avoid_nodes(spec, lost_nodes)
     spec["hostname"] = name
     spec["subdomain"] = service_name(job.name)
