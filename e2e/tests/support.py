@@ -34,7 +34,9 @@ def install_operator(rtj_cluster: Cluster) -> Cluster:
     for name in NODES:
         rtj_cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
     rtj_cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
-    rtj_cluster.host_path(HOST_DIR).mkdir(parents=True, exist_ok=True)
+    shared = rtj_cluster.host_path(HOST_DIR)
+    shared.mkdir(parents=True, exist_ok=True)
+    shared.chmod(0o1777)  # workers run as their image's non-root user; each job gets its own root inside
     rtj_cluster.kubectl("create", "namespace", OPERATOR_NS)
     rtj_cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
                      "--set", f"checkpointStorage.hostPath={HOST_DIR}", "--set", f"checkpointStorage.mountPath={MOUNT}",
