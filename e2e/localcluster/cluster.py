@@ -140,6 +140,7 @@ class Cluster:
     python_bin_dir: Path
     components: dict[str, Component] = field(default_factory=dict)
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
+    honour_security_context: bool = True
     _watchdog: subprocess.Popen[bytes] | None = None
 
     # ---------------------------------------------------------------- start/stop
@@ -157,6 +158,7 @@ class Cluster:
         extra_controller_manager_args: tuple[str, ...] = (),
         timeout: float = 120,
         detach: bool = False,
+        honour_security_context: bool = True,
     ) -> Cluster:
         """Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; wait until ready.
 
@@ -165,6 +167,7 @@ class Cluster:
         `RTJ_IMAGE_ENTRYPOINTS` (JSON). `python_bin_dir` goes first on pods' PATH so `python` is
         the project venv's python (default: the directory of the running interpreter). Processes
         die with the calling process unless `detach` (then `down(dir)` cleans up).
+        `honour_security_context=False` runs every container as root with a writable root filesystem.
         """
         if os.geteuid() != 0:
             raise RuntimeError("the local cluster needs root (network namespaces, mount namespaces)")
@@ -187,6 +190,7 @@ class Cluster:
             bridge=bridge, pki=pki, node_monitor_grace_period=node_monitor_grace_period,
             image_entrypoints=entry,
             python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent),
+            honour_security_context=honour_security_context,
         )
         cluster._save()
         if not detach:
@@ -407,6 +411,7 @@ class Cluster:
             "labels": labels or {}, "taints": taints or [],
             "image_entrypoints": self.image_entrypoints,
             "python_bin_dir": str(self.python_bin_dir),
+            "honour_security_context": self.honour_security_context,
             "kubelet_version": self.version(),
         }
         cfg_path = ndir / "config.json"
