@@ -1,0 +1,149 @@
+"""The node-loss scenario as a user lives it, shared by the e2e tests, `make demo` and the benchmark.
+
+A job from `examples/job.yaml` (the tiny GPT trainer) is submitted to a cluster where the operator
+was installed with helm; a node is killed after the first complete checkpoint; the recovery is timed
+stage by stage from what the cluster and the trainer's own log say.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.tests.support import HOST_DIR, MOUNT, get_job, job_pods
+from resilient_operator import constants as c
+from resilient_trainer import layout
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "job.yaml"
+CLAIM = "rtj-checkpoints"
+
+
+def shared_claim(cluster: Cluster, namespace: str) -> None:
+    """The example's RWX claim, bound to the same storage the operator mounts (hostPath HOST_DIR)."""
+    pv = f"{namespace}-{CLAIM}"
+    cluster.apply([
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": HOST_DIR, "type": "Directory"},
+                  "claimRef": {"namespace": namespace, "name": CLAIM}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM, "namespace": namespace},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "10Gi"}}}},
+    ])  # fmt: skip
+
+
+def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: int = 2, steps: int = 30,
+                checkpoint_every: int = 5, step_delay: float = 0.3, node_loss_timeout: int = 4,
+                extra_args: tuple[str, ...] = (), grow_back: bool = True, **spec: Any) -> dict[str, Any]:  # fmt: skip
+    """examples/job.yaml with the knobs a scenario turns: size, length, a root of its own, pool nodes."""
+    job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    job["metadata"] = {"name": name, "namespace": namespace}
+    body = job["spec"]
+    body["replicas"] = replicas
+    body["elasticPolicy"].update(minReplicas=min_replicas, growBack=grow_back)
+    body["checkpoint"]["root"] = f"{MOUNT}/{namespace}-{name}"
+    body["nodeLossTimeoutSeconds"] = node_loss_timeout
+    body.update(spec)
+    pod = body["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 5
+    pod["nodeSelector"] = {"pool": "train"}
+    container = pod["containers"][0]
+    container["resources"] = {"limits": {c.GPU_RESOURCE: "1"}}  # one worker per pool node
+    args = [a for a in container["command"] if not a.startswith(("--steps=", "--checkpoint-every="))]
+    container["command"] = [*args, f"--steps={steps}", f"--checkpoint-every={checkpoint_every}",
+                            f"--step-delay={step_delay}", *extra_args]  # fmt: skip
+    return job
+
+
+def host_root(cluster: Cluster, job: dict[str, Any]) -> Path:
+    """Where the job's checkpoint root lives on this machine."""
+    rel = job["spec"]["checkpoint"]["root"].removeprefix(MOUNT)
+    return cluster.host_path(HOST_DIR + rel)
+
+
+def first_complete_checkpoint(cluster: Cluster, job: dict[str, Any], timeout: float = 180) -> layout.Verdict:
+    root = host_root(cluster, job)
+    return wait_for(lambda: root.is_dir() and layout.latest_complete(layout.LocalStore(str(root))), timeout,
+                    "the first complete checkpoint")  # fmt: skip
+
+
+def trainer_log(cluster: Cluster, namespace: str, pod: str) -> str:
+    return cluster.pod_log(namespace, pod)
+
+
+def result_line(log: str) -> dict[str, str] | None:
+    """The trainer's `RTJ_RESULT step=.. digest=.. loss=..` line, parsed."""
+    for line in reversed(log.splitlines()):
+        if line.startswith("RTJ_RESULT "):
+            return dict(w.split("=", 1) for w in line.split()[1:])
+    return None
+
+
+@dataclass
+class Timeline:
+    """Seconds from the node kill to each stage of the recovery."""
+
+    node: str
+    detected: float = float("nan")
+    fenced: float = float("nan")
+    running: float = float("nan")
+    loaded: float = float("nan")
+    first_step: float = float("nan")
+    attempt: int = 0
+    replicas: int = 0
+    resumed_step: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    STAGES = ("detected", "fenced", "running", "loaded", "first_step")
+
+    def row(self) -> str:
+        return "  ".join(f"{s}={getattr(self, s):6.2f}s" for s in self.STAGES)
+
+
+def kill_and_time(cluster: Cluster, namespace: str, name: str, node: str, timeout: float = 240) -> Timeline:
+    """Kill `node`, then watch the job through every recovery stage (polls, each bounded)."""
+    before = get_job(cluster, namespace, name)["status"]
+    old_attempt = before["attempt"]
+    old_pods = {p.metadata.name for p in job_pods(cluster, namespace, name)}
+    t0 = time.monotonic()
+    cluster.kill_node(node)
+    tl = Timeline(node)
+    deadline = t0 + timeout
+    resumed = re.compile(r"^RTJ_RESUMED from=(\S+) step=(\d+)", re.M)
+    while time.monotonic() < deadline and tl.first_step != tl.first_step:  # NaN until the last stage
+        now = time.monotonic() - t0
+        status = get_job(cluster, namespace, name).get("status", {})
+        pods = job_pods(cluster, namespace, name)
+        names = {p.metadata.name for p in pods}
+        if tl.detected != tl.detected and (status.get("lastFailure") or {}).get("attempt") == old_attempt:
+            tl.detected = now
+        if tl.detected == tl.detected and tl.fenced != tl.fenced and not (old_pods & names):
+            tl.fenced = now
+        new = [p for p in pods if int(p.metadata.labels[c.LABEL_ATTEMPT]) > old_attempt]
+        if tl.running != tl.running and new and status.get("phase") == c.RUNNING and all(
+            p.status.phase == "Running" for p in new
+        ):
+            tl.running, tl.attempt, tl.replicas = now, status["attempt"], len(new)
+        if tl.running == tl.running:
+            rank0 = next(p.metadata.name for p in new if p.metadata.labels[c.LABEL_RANK] == "0")
+            log = trainer_log(cluster, namespace, rank0)
+            match = resumed.search(log)
+            if match and tl.loaded != tl.loaded:
+                tl.loaded, tl.resumed_step = now, int(match.group(2))
+            if match and re.search(rf"^RTJ_STEP step=(?!{match.group(2)}\b)\d+", log[match.end():], re.M):
+                tl.first_step = now
+        time.sleep(0.1)
+    return tl
+
+
+def wait_phase(cluster: Cluster, namespace: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
+    return wait_for(lambda: (s := get_job(cluster, namespace, name).get("status", {})).get("phase") == phase and s,
+                    timeout, f"{namespace}/{name} to reach {phase}")  # fmt: skip

@@ -1,0 +1,122 @@
+"""End to end: the real trainer loses nodes, shrinks, resumes from the right checkpoint, ends right.
+
+Setup as a user does it: the operator installed with helm (session fixture), the example job from
+examples/ applied with kubectl. The final model is compared with a failure-free reference run
+(gathered full parameters; bitwise at equal world size, relative 1e-5 across world sizes, the
+trainer's stated tolerance).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import scenarios
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.tests.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt
+from resilient_operator import constants as c
+from resilient_trainer import contract, layout
+
+pytestmark = [pytest.mark.cluster]
+STEPS = 24
+TOLERANCE = 1e-5  # relative L2, see trainer_image/README.md
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A failure-free run of the same training (2 local processes, no cluster): the model to match."""
+    import torch
+
+    out = tmp_path_factory.mktemp("reference")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "resilient_trainer.examples.tiny_gpt", f"--steps={STEPS}", "--checkpoint-every=0",
+           f"--checkpoint-root={out / 'ckpt'}", f"--dump-state={out / 'state.pt'}"]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    return torch.load(out / "state.pt", weights_only=False)
+
+
+def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    import torch
+
+    num = sum(float(torch.linalg.vector_norm(a[k].double() - b[k].double()) ** 2) for k in a)
+    den = sum(float(torch.linalg.vector_norm(a[k].double()) ** 2) for k in a)
+    return (num / den) ** 0.5
+
+
+def submit(cluster: Cluster, ns: str, name: str, tmp: Path, **kw: Any) -> dict[str, Any]:
+    scenarios.shared_claim(cluster, ns)
+    job = scenarios.example_job(name, ns, steps=STEPS, extra_args=(f"--dump-state={MOUNT}/{ns}-{name}.pt",), **kw)
+    cluster.apply(job)
+    return job
+
+
+@pytest.mark.timeout(600)
+def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
+    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    import torch
+
+    cluster, ns, name = operator_cluster, job_ns, "tiny"
+    job = submit(cluster, ns, name, tmp_path)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    first = scenarios.first_complete_checkpoint(cluster, job)
+    timeline = scenarios.kill_and_time(cluster, ns, name, node_of(pods, "1"))
+    print(f"\nrecovery timeline after killing {timeline.node}: {timeline.row()}")
+
+    status = get_job(cluster, ns, name)["status"]
+    failure = status["lastFailure"]
+    assert failure["node"] == timeline.node and failure["reason"] == c.REASON_NODE_LOST
+    assert timeline.detected <= job["spec"]["nodeLossTimeoutSeconds"] + 2
+    assert timeline.attempt == 2 and timeline.replicas == 3
+    # every pod of the broken attempt is gone, none left Terminating on the dead node
+    assert all(p.metadata.labels[c.LABEL_ATTEMPT] == "2" for p in job_pods(cluster, ns, name))
+    # status, the injected env and the trainer's log agree on the checkpoint resumed from
+    resumed = status["resumedFrom"]
+    assert resumed["step"] >= first.step and resumed["step"] == timeline.resumed_step
+    new = running_attempt(cluster, ns, name, 2, 3)
+    assert injected_env(new[0])[contract.RESUME_FROM] == resumed["path"]
+    assert layout.parse_step_dir(Path(resumed["path"]).name) == resumed["step"]
+
+    final = scenarios.wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    assert final["restarts"]["infrastructure"] == 1 and final["restarts"]["application"] == 0
+    rank0 = next(p.metadata.name for p in job_pods(cluster, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
+    result = scenarios.result_line(scenarios.trainer_log(cluster, ns, rank0))
+    assert result and result["step"] == str(STEPS) and result["world_size"] == "3"
+    state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
+    diff = relative_difference(reference["model"], state["model"])
+    print(f"final model vs failure-free reference: relative difference {diff:.2e} (tolerance {TOLERANCE})")
+    assert diff <= TOLERANCE
+    story = events(cluster, ns, name)
+    assert any(e.startswith(c.REASON_NODE_LOST) and timeline.node in e for e in story), story
+    assert any("restarted 4 -> 3 workers" in e for e in story), story
+
+
+@pytest.mark.timeout(600)
+def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster, job_ns: str, tmp_path: Path) -> None:
+    """A newer dir without .metadata and one with .metadata beside a truncated shard are skipped."""
+    cluster, ns, name = operator_cluster, job_ns, "planted"
+    job = submit(cluster, ns, name, tmp_path, steps=200, step_delay=0.5)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    good = scenarios.first_complete_checkpoint(cluster, job)
+    root = scenarios.host_root(cluster, job)
+    partial = root / layout.step_dir_name(good.step + 1000)
+    partial.mkdir()
+    truncated = root / layout.step_dir_name(good.step + 2000)
+    import shutil
+
+    shutil.copytree(good.path, truncated)
+    shard = sorted(truncated.glob("*.distcp"))[0]
+    with shard.open("r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    cluster.kill_node(node_of(pods, "2"))
+    new = running_attempt(cluster, ns, name, 2, 3, timeout=120)
+    injected = injected_env(new[0])[contract.RESUME_FROM]
+    assert Path(injected).name not in (partial.name, truncated.name)
+    assert layout.parse_step_dir(Path(injected).name) >= good.step
+    story = wait_for(lambda: (e := events(cluster, ns, name)) and sum(
+        x.startswith(c.REASON_CHECKPOINT_SKIPPED) for x in e) >= 2 and e, 30, "two CheckpointSkipped events")  # fmt: skip
+    assert any("truncated" in e for e in story) and any("no .metadata" in e for e in story)
