@@ -153,6 +153,16 @@ class Informer(threading.Thread):
                 time.sleep(0.5)
 
 
+class ProbeState:
+    """Consecutive results of one probe, as the kubelet's prober keeps them."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.ok: bool | None = None  # None: no verdict yet
+        self.fails = 0
+        self.successes = 0
+
+
 class Container:
     """One container's process and the status a kubelet would report for it."""
 
@@ -167,6 +177,8 @@ class Container:
         self.next_start = 0.0
         self.backoff = 1.0
         self.started_mono = 0.0
+        self.launch_spec: dict[str, Any] = {}
+        self.probes: dict[str, ProbeState] = {}
 
     def status(self) -> dict[str, Any]:
         """containerStatuses[] entry."""
@@ -203,7 +215,6 @@ class PodRuntime(threading.Thread):
         self.initialized = not self.init_containers
         self.phase = "Pending"
         self.last_sent: Any = None
-        self.probe_ok: dict[str, bool] = {}
 
     # ------------------------------------------------------------ API view
     def update(self, pod: dict[str, Any]) -> None:
@@ -452,15 +463,20 @@ class PodRuntime(threading.Thread):
                 **self.security(c, env)}
         spec_path = self.dir / f"{ctr.name}.spec.json"
         spec_path.write_text(json.dumps(spec))
+        ctr.launch_spec = spec
+        ctr.probes = {}
         log = (self.dir / f"{ctr.name}.log").open("ab")
-        ctr.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
-             sys.executable, "-S", str(LAUNCHER), str(spec_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        ctr.proc = subprocess.Popen(self.launch_argv(spec_path), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         ctr.started_mono = time.monotonic()
         ctr.state = {"running": {"startedAt": now()}}
         LOG.info("started %s/%s container %s pid %d: %s", self.ns, self.pod_name, ctr.name, ctr.proc.pid, argv)
+
+    def launch_argv(self, spec_path: Path) -> list[str]:
+        """The command that enters the pod's network namespace and private mount/UTS namespaces."""
+        return ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
+                sys.executable, "-S", str(LAUNCHER), str(spec_path)]
 
     def security(self, c: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         """runAsUser/runAsGroup/supplementalGroups/fsGroup and readOnlyRootFilesystem for the launcher."""
@@ -505,6 +521,18 @@ class PodRuntime(threading.Thread):
         """restartPolicy decision for an exited regular container."""
         policy = self.pod["spec"].get("restartPolicy", "Always")
         return policy == "Always" or (policy == "OnFailure" and code != 0)
+
+    def kill_container(self, ctr: Container) -> None:
+        """SIGTERM the container's group, wait the pod's grace period, SIGKILL (the exit is reaped later)."""
+        assert ctr.proc is not None
+        grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ctr.proc.pid, signal.SIGTERM)
+        try:
+            ctr.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(ctr.proc.pid, signal.SIGKILL)
 
     def kill_all(self, grace: float) -> None:
         """SIGTERM every container's process group, wait `grace`, then SIGKILL."""
@@ -570,19 +598,50 @@ class PodRuntime(threading.Thread):
                 LOG.warning("status %s/%s: %s", self.ns, self.pod_name, exc)
 
     # ------------------------------------------------------------ probes
-    def probe(self, ctr: Container) -> bool:
-        """Readiness: httpGet/tcpSocket from the node into the pod's IP; exec probes count as passing."""
-        p = ctr.spec.get("readinessProbe")
+    def probe(self, ctr: Container, kind: str) -> bool | None:
+        """Run `kind` (readinessProbe/livenessProbe) when due; returns the verdict (None: none yet).
+
+        httpGet and tcpSocket go from the node into the pod's IP; exec runs the command in a fresh
+        launcher with the container's view (same namespaces' network, same mounts and user).
+        """
+        p = ctr.spec.get(kind)
         if not p:
             return True
-        if time.monotonic() - ctr.started_mono < p.get("initialDelaySeconds", 0):
-            return False
+        st = ctr.probes.setdefault(kind, ProbeState())
+        t = time.monotonic()
+        if t - ctr.started_mono < p.get("initialDelaySeconds", 0) or (st.last and t - st.last < p.get(
+                "periodSeconds", 10)):
+            return st.ok
+        st.last = t
+        if self.probe_once(ctr, p):
+            st.successes, st.fails = st.successes + 1, 0
+            if st.successes >= p.get("successThreshold", 1):
+                st.ok = True
+        else:
+            st.successes, st.fails = 0, st.fails + 1
+            if st.fails >= p.get("failureThreshold", 3):
+                st.ok = False
+        return st.ok
+
+    def probe_once(self, ctr: Container, p: dict[str, Any]) -> bool:
+        """One probe attempt."""
+        timeout = p.get("timeoutSeconds", 1)
+        if "exec" in p:
+            spec = {**ctr.launch_spec, "argv": p["exec"].get("command") or ["true"]}
+            spec["mounts"] = [m for m in spec["mounts"] if not m["source"].endswith(".termination-log")]
+            spec_path = self.dir / f"{ctr.name}.probe.json"
+            spec_path.write_text(json.dumps(spec))
+            try:
+                return subprocess.run(self.launch_argv(spec_path), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, timeout=timeout + 2, check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                return False
         port = (p.get("httpGet") or p.get("tcpSocket") or {}).get("port")
         if isinstance(port, str):
             port = next((cp["containerPort"] for cp in ctr.spec.get("ports") or [] if cp.get("name") == port), 0)
         try:
             if "httpGet" in p:
-                conn = http.client.HTTPConnection(self.ip, int(port), timeout=p.get("timeoutSeconds", 1))
+                conn = http.client.HTTPConnection(self.ip, int(port), timeout=timeout)
                 conn.request("GET", p["httpGet"].get("path", "/"))
                 ok = 200 <= conn.getresponse().status < 400
                 conn.close()
@@ -590,11 +649,11 @@ class PodRuntime(threading.Thread):
             if "tcpSocket" in p:
                 import socket
 
-                with socket.create_connection((self.ip, int(port)), timeout=p.get("timeoutSeconds", 1)):
+                with socket.create_connection((self.ip, int(port)), timeout=timeout):
                     return True
         except OSError:
             return False
-        return True
+        return True  # grpc probes are not supported: count as passing
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -684,7 +743,12 @@ class PodRuntime(threading.Thread):
                         ctr.backoff = min(ctr.backoff * 2, 10.0)
                         ctr.proc = None
                 else:
-                    ctr.ready = self.probe(ctr)
+                    if self.probe(ctr, "livenessProbe") is False:
+                        LOG.info("%s/%s container %s failed liveness probe, will be restarted",
+                                 self.ns, self.pod_name, ctr.name)
+                        self.kill_container(ctr)
+                        continue
+                    ctr.ready = bool(self.probe(ctr, "readinessProbe"))
         if any("running" in c.state or "waiting" in c.state for c in self.containers):
             # A pod whose containers once started stays Running through restarts and back-off.
             if any(c.proc for c in self.containers) or any(c.restart_count for c in self.containers):

@@ -468,3 +468,24 @@ def test_security_context_sets_user_groups_and_read_only_root(rtj_cluster: Any, 
     p = wait_pod(core, namespace, "nonroot", phase_in("Succeeded", "Failed"), 45)
     assert p.status.phase == "Succeeded", rtj_cluster.pod_log(namespace, "nonroot")
     assert p.status.container_statuses[0].state.terminated.message == "non-root done"
+
+
+@pytest.mark.timeout(60)
+def test_exec_readiness_and_liveness_probes(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+    ready = pod("ready", "import time, pathlib\ntime.sleep(1)\npathlib.Path('/scratch/ready').touch()\n"
+                         "while True: time.sleep(1)", restart="Always")
+    ready["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
+    ready["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
+    ready["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["test", "-f", "/scratch/ready"]},
+                                                        "periodSeconds": 1}
+    dead = pod("unhealthy", "import time\nwhile True: time.sleep(1)", restart="Always",
+               terminationGracePeriodSeconds=1)
+    dead["spec"]["containers"][0]["livenessProbe"] = {"tcpSocket": {"port": 9}, "periodSeconds": 1,
+                                                      "failureThreshold": 2}
+    core.create_namespaced_pod(namespace, ready)
+    core.create_namespaced_pod(namespace, dead)
+    wait_pod(core, namespace, "ready", lambda p: any(
+        c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])), 30)
+    p = wait_pod(core, namespace, "unhealthy", lambda p: bool(p.status.container_statuses) and
+                 p.status.container_statuses[0].restart_count >= 1, 40)
+    assert p.status.phase == "Running"
