@@ -103,6 +103,7 @@ def pod(
     phase: str = "Running",
     deleting: bool = False,
     exit_code: int | None = None,
+    finished_ago: float | None = None,
     message: str = "",
     reason: str = "",
     disruption: str | None = None,
@@ -119,6 +120,9 @@ def pod(
         status["containerStatuses"] = [
             {"name": "trainer", "state": {"terminated": {"exitCode": exit_code, "message": message}}}
         ]
+        if finished_ago is not None:
+            finished = fmt(NOW - timedelta(seconds=finished_ago))
+            status["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = finished
     elif waiting:
         status["containerStatuses"] = [{"name": "trainer", "state": {"waiting": {"reason": waiting}}}]
     annotations = {c.ANNOTATION_REPLICAS: str(replicas)}

@@ -104,6 +104,16 @@ ROWS = [
         four_running(r0=dict(phase="Failed", exit_code=1)), nodes_with(4, n3=dict(lease_age=40.0)),
         phase=c.RESTARTING, force={"demo-a1-3"}, delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"},
         status={"restarts.infrastructure": 1, "restarts.application": 0}),
+    Row("a peer exits before the dead node's lease goes stale: not yet an application failure",
+        job(running_status()), four_running(r0=dict(phase="Failed", exit_code=1, finished_ago=0.5)),
+        nodes_with(4, n3=dict(lease_age=3.0)), status={"restarts.application": 0, "restarts.infrastructure": 0}),
+    Row("every node renewed its lease after the exit: an application failure", job(running_status()),
+        four_running(r0=dict(phase="Failed", exit_code=1, finished_ago=2.0)), nodes_with(4), phase=c.BACKING_OFF,
+        delete=ALL4, status={"restarts.application": 1}),
+    Row("the peer's exit, then the lease goes stale: one infrastructure failure", job(running_status()),
+        four_running(r0=dict(phase="Failed", exit_code=1, finished_ago=5.0)), nodes_with(4, n3=dict(lease_age=21.0)),
+        phase=c.RESTARTING, force={"demo-a1-3"}, delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"},
+        status={"restarts.application": 0, "restarts.infrastructure": 1, "lastFailure.node": "n3"}),
     Row("evicted pod (DisruptionTarget)", job(running_status()),
         four_running(r2=dict(disruption="EvictionByEvictionAPI")), healthy(4), phase=c.RESTARTING, delete=ALL4,
         status={"lastFailure.reason": c.REASON_EVICTED, "restarts.infrastructure": 1}),
@@ -279,6 +289,12 @@ def test_lease_deadline_is_the_next_look() -> None:
     quiet = nodes_with(4, n1=dict(lease_age=15.0))
     plan = reconcile(job(running_status()), four_running(), quiet, listing(), NOW)
     assert plan.requeue_after == pytest.approx(5.0)
+
+
+def test_unsettled_failure_asks_to_look_again_soon() -> None:
+    pods = four_running(r0=dict(phase="Failed", exit_code=1, finished_ago=0.5))
+    plan = reconcile(job(running_status()), pods, nodes_with(4, n3=dict(lease_age=3.0)), listing(), NOW)
+    assert plan.requeue_after == pytest.approx(1.0)
 
 
 def test_backoff_doubles() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView, PodView
@@ -74,6 +74,29 @@ def lost_nodes(
     return lost
 
 
+def settled(pod: PodView, pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime,
+            timeout: float) -> bool:  # fmt: skip
+    """Whether a failed pod's exit can be blamed on the application yet.
+
+    When a node dies its peers often fail first (a reset connection ends their collective at once),
+    before the dead node's lease goes stale. So an exit counts as an application failure only once
+    every node of the attempt has proved itself alive after it (renewed its lease since the exit), or,
+    without leases to go by, once the node-loss timeout has passed.
+    """
+    ended = max((t.finished_at for t in pod.terminations if t.finished_at), default=None)
+    if ended is None:
+        return True
+    for name in {p.node_name for p in pods if p.node_name}:
+        node = nodes.get(name)
+        renewed = node.lease_renewed if node else None
+        if renewed is None:
+            if now - ended < timedelta(seconds=timeout):
+                return False
+        elif renewed <= ended:
+            return False
+    return True
+
+
 def detect(
     pods: Sequence[PodView],
     replicas: int,
@@ -108,7 +131,7 @@ def detect(
             if rank not in by_rank:
                 return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"worker rank {rank} pod was deleted")
     for pod in sorted(pods, key=lambda p: p.rank):
-        if pod.phase == "Failed" and not finished_ok(pod):
+        if pod.phase == "Failed" and not finished_ok(pod) and settled(pod, pods, nodes, now, timeout):
             code = next((t.exit_code for t in pod.terminations if t.exit_code), None)
             detail = next((t.reason for t in pod.terminations if t.reason), "") or pod.reason
             return Failure(c.APPLICATION, c.REASON_APP_FAILED,
@@ -121,6 +144,11 @@ def detect(
                            f"pod {pod.name} cannot start its container: {why}; check the image and pod spec",
                            pod=pod.name, node=pod.node_name)  # fmt: skip
     return None
+
+
+def unsettled(pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime, timeout: float) -> bool:
+    """A pod failed but we cannot yet tell whether a dying node caused it: look again shortly."""
+    return any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, nodes, now, timeout) for p in pods)
 
 
 def all_succeeded(pods: Sequence[PodView], replicas: int) -> bool:

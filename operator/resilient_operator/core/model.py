@@ -102,6 +102,7 @@ class Termination:
     exit_code: int
     reason: str
     message: str
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ class PodView:
             if "terminated" in state:
                 t = state["terminated"] or {}
                 terms.append(
-                    Termination(int(t.get("exitCode", 0)), t.get("reason") or "", t.get("message") or "")
+                    Termination(int(t.get("exitCode", 0)), t.get("reason") or "", t.get("message") or "",
+                                timeutil.parse(t.get("finishedAt")))
                 )
             elif "waiting" in state:
                 waiting.append((state["waiting"] or {}).get("reason") or "")

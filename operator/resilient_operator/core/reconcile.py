@@ -32,6 +32,8 @@ CHECKPOINT_POLL_SECONDS = 10.0
 # An unreadable checkpoint root is retried this often; a fix to a volume sends no event either.
 STORAGE_RETRY_SECONDS = 15.0
 MAX_SKIPPED_EVENTS = 3
+# A pod failed while a node may be dying: recheck this often until the nodes prove alive or are lost.
+UNSETTLED_RECHECK_SECONDS = 1.0
 ACTIVE = (c.STARTING, c.RUNNING)
 
 
@@ -200,6 +202,8 @@ def _watch_attempt(ctx: _Ctx) -> None:
     if failure:
         _on_failure(ctx, failure, current)
         return
+    if failures.unsettled(current, ctx.nodes, ctx.now, ctx.timeout()):
+        ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
     present = {p.rank for p in current}
     if ctx.phase == c.STARTING:
         missing = [r for r in range(replicas) if r not in present]
