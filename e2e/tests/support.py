@@ -149,3 +149,202 @@ def make_checkpoint(root: Path, step: int) -> Path:
         warnings.simplefilter("ignore")
         dcp.save({"w": torch.full((8,), float(step))}, checkpoint_id=str(path))
     return path
+
+
+# ---- fault injection and operator introspection (chaos and security tests) --------------------------
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+
+
+def operator_pod(cl: Cluster) -> Any:
+    """The operator's live pod (not terminating), or None."""
+    pods = core(cl).list_namespaced_pod(OPERATOR_NS, label_selector=OPERATOR_SELECTOR).items
+    live = [p for p in pods if p.metadata.deletion_timestamp is None]
+    return live[0] if len(live) == 1 else None
+
+
+def operator_pid(cl: Cluster) -> int | None:
+    """The operator process's pid on this machine (pods are processes; containerID names the pid)."""
+    pod = operator_pod(cl)
+    statuses = (pod.status.container_statuses or []) if pod else []
+    if not statuses or not statuses[0].state.running or not statuses[0].container_id:
+        return None
+    return int(statuses[0].container_id.rsplit("/", 1)[-1])
+
+
+def operator_restarts(cl: Cluster) -> int:
+    pod = operator_pod(cl)
+    return sum(s.restart_count for s in (pod.status.container_statuses or [])) if pod else 0
+
+
+def wait_operator_ready(cl: Cluster, timeout: float = 120) -> Any:
+    """Until exactly one operator pod runs with a live process (its kopf watches start within seconds)."""
+
+    def ready() -> Any:
+        pod = operator_pod(cl)
+        if pod is None or pod.status.phase != "Running" or operator_pid(cl) is None:
+            return None
+        return pod
+
+    return wait_for(ready, timeout, "the operator pod running")
+
+
+def crash_operator(cl: Cluster) -> int:
+    """SIGKILL the operator process (a crash: no cleanup); its pod restarts the container. Old pid."""
+    import os
+    import signal
+
+    pid = wait_for(lambda: operator_pid(cl), 60, "the operator process")
+    before = operator_restarts(cl)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: operator_restarts(cl) > before and operator_pid(cl) not in (None, pid), 90,
+             "the operator container restarted")  # fmt: skip
+    return int(pid)
+
+
+def delete_operator_pod(cl: Cluster) -> None:
+    """Force-delete the operator's pod (no grace): the Deployment makes a new one."""
+    old = wait_for(lambda: operator_pod(cl), 60, "the operator pod").metadata.name
+    cl.kubectl("delete", "pod", "-n", OPERATOR_NS, old, "--grace-period=0", "--force", "--wait=false")
+    wait_for(lambda: (p := operator_pod(cl)) is not None and p.metadata.name != old, 60, "a new operator pod")
+
+
+def operator_log(cl: Cluster) -> str:
+    pod = operator_pod(cl)
+    return cl.pod_log(OPERATOR_NS, pod.metadata.name) if pod else ""
+
+
+def process_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def operator_metrics(cl: Cluster, timeout: float = 5) -> str:
+    """The operator's Prometheus text, scraped from its pod IP (port 8080) as Prometheus would."""
+    import urllib.request
+
+    pod = operator_pod(cl)
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def metric_samples(text: str, name: str) -> dict[str, float]:
+    """`{series-with-labels: value}` for the samples of one metric family in Prometheus text."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def api_ready(cl: Cluster) -> bool:
+    res = cl.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+    return res.returncode == 0 and res.stdout.strip() == "ok"
+
+
+def restart_component(cl: Cluster, name: str, down_seconds: float = 0.0, timeout: float = 120) -> None:
+    """Stop a control-plane process (SIGTERM, then SIGKILL) and start it again with the same arguments.
+
+    `down_seconds` keeps it down that long (the outage being injected, not a synchronisation wait).
+    Waits until the API server answers /readyz again. cluster.json is rewritten so the harness's
+    teardown finds the new pid.
+    """
+    import subprocess
+    import time
+
+    comp = cl.components[name]
+    args = [str(a) for a in comp.proc.args]  # type: ignore[union-attr]
+    comp.proc.terminate()
+    try:
+        comp.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        comp.proc.kill()
+        comp.proc.wait(timeout=10)
+    if down_seconds:
+        time.sleep(down_seconds)
+    cl._spawn(name, args[1:])  # same binary (bin_dir/<name>), same flags, same log file (appended)
+    cl._save()
+    wait_for(lambda: api_ready(cl), timeout, f"the API server ready after restarting {name}")
+
+
+def signal_component(cl: Cluster, name: str, sig: int) -> None:
+    """SIGSTOP/SIGCONT a control-plane process (e.g. etcd frozen: the API server cannot reach storage)."""
+    import os
+
+    os.kill(cl.components[name].proc.pid, sig)
+
+
+def pause_node_agent(cl: Cluster, node: str) -> None:
+    """Freeze only the node's agent: heartbeats (Lease, status) stop, its pods keep running."""
+    import os
+    import signal
+
+    proc = cl.nodes[node].proc
+    assert proc is not None and proc.poll() is None, f"agent of {node} not running"
+    os.kill(proc.pid, signal.SIGSTOP)
+
+
+def resume_node_agent(cl: Cluster, node: str) -> None:
+    import os
+    import signal
+
+    proc = cl.nodes[node].proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGCONT)
+
+
+def lease_age(cl: Cluster, node: str) -> float:
+    """Seconds since the node's Lease was last renewed."""
+    from datetime import UTC, datetime
+
+    from kubernetes import client
+
+    lease = client.CoordinationV1Api(cl.api_client()).read_namespaced_lease(node, "kube-node-lease")
+    return (datetime.now(UTC) - lease.spec.renew_time).total_seconds()
+
+
+def job_status(cl: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return dict(get_job(cl, ns, name).get("status") or {})
+
+
+def wait_phase(cl: Cluster, ns: str, name: str, phases: str | tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+    """Until status.phase is one of `phases`; returns the status."""
+    wanted = (phases,) if isinstance(phases, str) else phases
+
+    def check() -> dict[str, Any] | None:
+        st = job_status(cl, ns, name)
+        return st if st.get("phase") in wanted else None
+
+    return wait_for(check, timeout, f"{ns}/{name} in phase {'/'.join(wanted)}", interval=0.1)
+
+
+def assert_single_attempt(cl: Cluster, ns: str, name: str, attempt: int, replicas: int) -> list[Any]:
+    """Exactly one attempt's pods, one per rank, no duplicates, no stragglers of another attempt."""
+    pods = job_pods(cl, ns, name)
+    ranks = sorted(int(p.metadata.labels[c.LABEL_RANK]) for p in pods)
+    attempts = {p.metadata.labels[c.LABEL_ATTEMPT] for p in pods}
+    assert attempts == {str(attempt)}, f"pods of attempts {attempts}: {[p.metadata.name for p in pods]}"
+    assert ranks == list(range(replicas)), f"ranks {ranks}, want 0..{replicas - 1}"
+    return pods
+
+
+def assert_consistent_status(status: dict[str, Any]) -> None:
+    """History matches the attempt counter and the restart budgets: nothing lost, nothing doubled."""
+    history = status.get("history") or []
+    attempts = [h["attempt"] for h in history]
+    assert attempts == sorted(set(attempts)), f"history has duplicate/out-of-order attempts: {attempts}"
+    assert attempts and attempts[-1] == status["attempt"], (attempts, status["attempt"])
+    assert all("endTime" in h for h in history[:-1]), history
+    restarts = status["restarts"]
+    total = restarts["infrastructure"] + restarts["application"] + restarts["planned"]
+    assert total == status["attempt"] - 1 == status["restartCount"], (restarts, status["attempt"])
+
+
+def tiny_job(name: str, ns: str, script: str = "exec sleep 3600", replicas: int = 1, **spec: Any) -> dict[str, Any]:
+    """A job whose workers request no GPU (many fit on a node): for load and input tests."""
+    m = job_manifest(name, ns, replicas=replicas, min_replicas=1, script=script, **spec)
+    ctr = m["spec"]["template"]["spec"]["containers"][0]
+    ctr["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+    return m

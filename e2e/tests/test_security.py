@@ -1,0 +1,369 @@
+"""Hostile and broken input, and least privilege, against the real API server and the helm-installed operator.
+
+- invalid specs are rejected at apply time by the CRD's rules, with a message naming the field;
+- a `.metadata` pickle crafted to run code is never run: the checkpoint is skipped and an event says why;
+- an unreadable checkpoint root is a condition, not a crash; a crash-looping trainer stops at its budget
+  with back-off; an image or command that cannot start fails the job with the reason;
+- worker pods get no API token unless the template asks; pods pass Pod Security "restricted";
+- every rule of the operator's ClusterRole is needed: without it something observable breaks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.tests.support import (
+    HOST_DIR,
+    MOUNT,
+    OPERATOR_NS,
+    apply,
+    core,
+    crash_operator,
+    events,
+    job_manifest,
+    job_pods,
+    job_status,
+    make_checkpoint,
+    metric_samples,
+    operator_log,
+    operator_metrics,
+    operator_restarts,
+    running_attempt,
+    tiny_job,
+    wait_operator_ready,
+    wait_phase,
+)  # fmt: skip
+from resilient_operator import constants as c
+from resilient_trainer import layout
+from tests.contracts.test_crd import INVALID
+
+pytestmark = [pytest.mark.cluster]
+
+
+@pytest.fixture
+def cluster(operator_cluster: Cluster) -> Cluster:
+    return operator_cluster
+
+
+@pytest.fixture
+def namespace(job_ns: str) -> str:
+    return job_ns
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {x["type"]: x for x in status.get("conditions") or []}
+
+
+def reconciles(cl: Cluster) -> float:
+    return sum(v for k, v in metric_samples(operator_metrics(cl), "rtj_reconcile_seconds_count").items())
+
+
+# ---- invalid specs ------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_invalid_specs_are_rejected_at_apply_naming_the_field(cluster: Cluster, namespace: str) -> None:
+    """The offline CEL table (tests/contracts/test_crd.py), replayed against the real API server."""
+    failures = []
+    cases = [(case, spec, message) for case, spec, message in INVALID]
+    long_name = job_manifest("x" * 41, namespace)
+    for case, spec, message in cases:
+        manifest = job_manifest("bad", namespace, **copy.deepcopy(spec))
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False)
+        if res.returncode == 0 or message not in res.stderr:
+            failures.append(f"{case}: rc={res.returncode} stderr={res.stderr.strip()[:300]}")
+    res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(long_name), check=False)
+    if res.returncode == 0 or "metadata.name must be at most 40 characters" not in res.stderr:
+        failures.append(f"long name: {res.stderr.strip()[:300]}")
+    # schema-level (non-CEL) rejections name the field too
+    for case, patch, field in (("negative replicas", {"replicas": -1}, "spec.replicas"),
+                               ("string replicas", {"replicas": "three"}, "spec.replicas"),
+                               ("no template", {"template": None}, "spec.template")):  # fmt: skip
+        manifest = job_manifest("bad", namespace)
+        manifest["spec"].update(patch)
+        if patch.get("template", 1) is None:
+            del manifest["spec"]["template"]
+        res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False)
+        if res.returncode == 0 or field not in res.stderr:
+            failures.append(f"{case}: rc={res.returncode} stderr={res.stderr.strip()[:300]}")
+    assert not failures, "\n".join(failures)
+    assert not cluster.kubectl("get", "rtj", "-n", namespace, "-o", "name").stdout.strip()
+
+
+# ---- hostile checkpoint metadata -----------------------------------------------------------------------
+class _RunsCode:
+    """Unpickling this calls os.system: what a hostile `.metadata` would do to a naive reader."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> Any:
+        return (os.system, (self.command,))
+
+
+@pytest.mark.timeout(240)
+def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    root = cluster.host_path(f"{HOST_DIR}/{namespace}-evil")
+    make_checkpoint(root, step=12)
+    evil = make_checkpoint(root, step=24)
+    marker = Path(f"/dev/shm/rtj-pwned-{namespace}")  # visible to every pod process and to this test
+    marker.unlink(missing_ok=True)
+    restarts = operator_restarts(cluster)
+    (evil / layout.METADATA_FILE).write_bytes(pickle.dumps(_RunsCode(f"touch {marker}"), protocol=2))
+    # the same reader the operator uses, here first: rejected without running
+    verdict = layout.check_step(layout.LocalStore(str(root)), "step-0000000024")
+    assert not verdict.complete and "unsafe" in verdict.reason and not marker.exists()
+
+    apply(cluster, job_manifest("evil", namespace, replicas=2))
+    pods = running_attempt(cluster, namespace, "evil", 1, 2)
+    resume = {e.name: e.value for e in pods[0].spec.containers[0].env}.get("RTJ_RESUME_FROM")
+    assert resume == f"{MOUNT}/{namespace}-evil/step-0000000012"
+    status = job_status(cluster, namespace, "evil")
+    assert status["latestCheckpoint"]["step"] == 12 and status["resumedFrom"]["step"] == 12
+    story = wait_for(lambda: [e for e in events(cluster, namespace, "evil")
+                              if e.startswith(c.REASON_CHECKPOINT_SKIPPED)], 30, "the skip event")  # fmt: skip
+    assert "step-0000000024" in story[0] and "unsafe .metadata rejected without running it" in story[0], story
+    assert not marker.exists(), "the crafted .metadata ran code"
+    assert operator_restarts(cluster) == restarts
+
+
+# ---- unreadable checkpoint root ------------------------------------------------------------------------
+@pytest.mark.timeout(240)
+def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster, namespace: str) -> None:
+    host = cluster.host_path(f"{HOST_DIR}/{namespace}-unread")
+    host.write_text("a file where the checkpoint directory should be\n")
+    restarts = operator_restarts(cluster)
+    apply(cluster, job_manifest("unread", namespace, replicas=2))
+
+    def unreadable() -> dict[str, Any] | None:
+        cond = conditions(job_status(cluster, namespace, "unread")).get(c.COND_STORAGE)
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = wait_for(unreadable, 60, "CheckpointStorageReady=False")
+    assert cond["reason"] == c.REASON_STORAGE_UNREADABLE and "not a directory" in cond["message"], cond
+    status = job_status(cluster, namespace, "unread")
+    assert status["phase"] not in (c.RUNNING, c.STARTING) and not job_pods(cluster, namespace, "unread")
+    wait_for(lambda: any(e.startswith(c.REASON_STORAGE_UNREADABLE) for e in events(cluster, namespace, "unread")),
+             30, "the StorageUnreadable event")  # fmt: skip
+    # the volume is fixed: the job starts on the operator's storage retry timer, no restart needed
+    host.unlink()
+    host.mkdir()
+    running_attempt(cluster, namespace, "unread", 1, 2, timeout=90)
+    assert conditions(job_status(cluster, namespace, "unread"))[c.COND_STORAGE]["status"] == "True"
+    assert operator_restarts(cluster) == restarts, "the operator crashed on an unreadable root"
+
+
+# ---- crash loop ----------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: Cluster, namespace: str) -> None:
+    before = reconciles(cluster)
+    restarts = operator_restarts(cluster)
+    manifest = tiny_job("loop", namespace, script="exit 7", replicas=2,
+                        failurePolicy={"maxApplicationRestarts": 2, "applicationBackoffSeconds": 2})  # fmt: skip
+    apply(cluster, manifest)
+    status = wait_phase(cluster, namespace, "loop", c.FAILED, timeout=180)
+    assert status["restarts"] == {"infrastructure": 0, "application": 2, "planned": 0}
+    assert status["lastFailure"]["exitCode"] == 7 and status["lastFailure"]["kind"] == c.APPLICATION
+    assert conditions(status)[c.COND_FAILED]["reason"] == c.REASON_APP_BUDGET
+    history = status["history"]
+    assert [h["attempt"] for h in history] == [1, 2, 3]
+
+    def ts(value: str) -> float:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+
+    gaps = [ts(history[i + 1]["startTime"]) - ts(history[i]["endTime"]) for i in range(2)]
+    # back-off 2 s then 4 s (timestamps have 1 s resolution)
+    assert gaps[0] >= 1 and gaps[1] >= 3, gaps
+    story = wait_for(lambda: (e := events(cluster, namespace, "loop")) and any(
+        x.startswith(c.REASON_APP_BUDGET) for x in e) and e, 30, "the budget event")  # fmt: skip
+    backoffs = [e for e in story if e.startswith(c.REASON_BACKOFF)]
+    assert len(backoffs) == 2 and "in 2s" in backoffs[0] and "in 4s" in backoffs[1], backoffs
+    # no hot loop: the failed job is left alone
+    settled = reconciles(cluster)
+    wait_for(lambda: not [p for p in job_pods(cluster, namespace, "loop") if p.status.phase == "Running"], 30,
+             "no worker running")  # fmt: skip
+    time.sleep(5)  # a measurement window, not a synchronisation: reconciles of a finished job must stop
+    after = reconciles(cluster)
+    print(f"\nreconciles: {settled - before:.0f} for 3 attempts; {after - settled:.0f} in 5 s after failing")
+    assert settled - before < 150, "reconciles per crash-looping job look like a hot loop"
+    assert after - settled <= 5
+    assert operator_restarts(cluster) == restarts
+
+
+# ---- containers that cannot start ----------------------------------------------------------------------
+@pytest.mark.timeout(240)
+def test_image_or_command_that_cannot_start_fails_the_job_with_the_reason(cluster: Cluster, namespace: str) -> None:
+    bad_image = tiny_job("noimage", namespace, failurePolicy={"maxApplicationRestarts": 0})
+    ctr = bad_image["spec"]["template"]["spec"]["containers"][0]
+    ctr["image"] = "registry.invalid/does-not-exist:1"
+    del ctr["command"]  # the image's entrypoint: unknown here, as an unpullable image
+    bad_cmd = tiny_job("nocmd", namespace, failurePolicy={"maxApplicationRestarts": 0})
+    bad_cmd["spec"]["template"]["spec"]["containers"][0]["command"] = ["/no/such/trainer"]
+    apply(cluster, bad_image)
+    apply(cluster, bad_cmd)
+    image = wait_phase(cluster, namespace, "noimage", c.FAILED, timeout=120)
+    assert image["lastFailure"]["reason"] == c.REASON_IMAGE_CANNOT_START
+    assert "ErrImagePull" in image["lastFailure"]["message"], image["lastFailure"]
+    cmd = wait_phase(cluster, namespace, "nocmd", c.FAILED, timeout=120)
+    assert cmd["lastFailure"]["exitCode"] == 128 and "StartError" in cmd["lastFailure"]["message"], cmd
+    for name in ("noimage", "nocmd"):
+        wait_for(lambda n=name: not [p for p in job_pods(cluster, namespace, n)
+                                     if p.metadata.deletion_timestamp is None
+                                     and p.status.phase not in ("Failed", "Succeeded")],
+                 60, f"{name} fenced")  # fmt: skip
+
+
+# ---- worker pods: token and Pod Security ---------------------------------------------------------------
+def _token_mounted(pod: Any) -> bool:
+    return any(v.projected and any(s.service_account_token for s in v.projected.sources or [])
+               for v in pod.spec.volumes or [])  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_worker_service_account_has_no_api_rights(cluster: Cluster, namespace: str) -> None:
+    """Worker pods run as their namespace's default ServiceAccount; the chart grants it nothing."""
+    sa = f"system:serviceaccount:{namespace}:default"
+    for verb, resource in (("list", "pods"), ("get", "secrets"), ("create", "pods"), ("list", "nodes"),
+                           ("patch", "resilienttrainingjobs.training.resilient.dev/status")):  # fmt: skip
+        res = cluster.kubectl("auth", "can-i", verb, resource, "-n", namespace, "--as", sa, check=False)
+        assert res.stdout.strip() == "no", f"worker SA may {verb} {resource}"
+
+
+@pytest.mark.timeout(180)
+def test_worker_pods_get_no_token_unless_asked(cluster: Cluster, namespace: str) -> None:
+    apply(cluster, tiny_job("notoken", namespace))
+    asked = tiny_job("token", namespace)
+    asked["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
+    apply(cluster, asked)
+    with_token = running_attempt(cluster, namespace, "token", 1, 1)
+    assert _token_mounted(with_token[0]), "a template that asks for a token must get one"
+    pods = running_attempt(cluster, namespace, "notoken", 1, 1)
+    assert pods[0].spec.automount_service_account_token is False and not _token_mounted(pods[0])
+
+
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+RESTRICTED_CTR = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                  "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+
+
+@pytest.mark.timeout(240)
+def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    manifest = tiny_job("psa", namespace, replicas=2)
+    spec = manifest["spec"]["template"]["spec"]
+    spec["securityContext"] = RESTRICTED_POD
+    spec["containers"][0]["securityContext"] = RESTRICTED_CTR
+    # restricted forbids hostPath: the checkpoint volume comes through a PVC (an RWX hostPath PV)
+    cluster.create_shared_pvc("ckpt", namespace)
+    spec["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    apply(cluster, manifest)
+    pods = running_attempt(cluster, namespace, "psa", 1, 2)
+    assert all(p.spec.security_context.run_as_non_root for p in pods)
+    # the operator's own pod passes too (server-side dry run reports violating pods as warnings)
+    res = cluster.kubectl("label", "--dry-run=server", "--overwrite", "namespace", OPERATOR_NS,
+                          "pod-security.kubernetes.io/enforce=restricted")  # fmt: skip
+    assert "violate" not in (res.stderr + res.stdout), res.stderr
+    # a template that is not restricted-compliant is refused by admission: the job never runs a pod
+    apply(cluster, tiny_job("rootjob", namespace))
+
+    def refused() -> bool:
+        st = job_status(cluster, namespace, "rootjob")
+        return st.get("attempt") == 1 and not job_pods(cluster, namespace, "rootjob")
+
+    wait_for(refused, 60, "attempt 1 recorded with its pods refused")
+    story = events(cluster, namespace, "rootjob")
+    print(f"\nnon-compliant template: phase {job_status(cluster, namespace, 'rootjob').get('phase')}, events {story}")
+
+
+# ---- least privilege: every ClusterRole rule is needed --------------------------------------------------
+def _role_name(cl: Cluster) -> str:
+    out = cl.kubectl("get", "clusterrole", "-l", "app.kubernetes.io/instance=rtj", "-o", "name").stdout.split()
+    assert len(out) == 1, out
+    return out[0].split("/", 1)[1]
+
+
+def _rules(cl: Cluster) -> list[dict[str, Any]]:
+    return list(json.loads(cl.kubectl("get", "clusterrole", _role_name(cl), "-o", "json").stdout)["rules"])
+
+
+def _rule_id(rule: dict[str, Any]) -> str:
+    return f"{(rule.get('apiGroups') or [''])[0] or 'core'}/{rule['resources'][0]}"
+
+
+RULES = ["training.resilient.dev/resilienttrainingjobs", "training.resilient.dev/resilienttrainingjobs/status",
+         "core/pods", "core/services", "core/nodes", "coordination.k8s.io/leases", "core/events",
+         "events.k8s.io/events"]  # fmt: skip
+UNNEEDED: dict[str, str] = {}  # rule -> why (filled from what the sweep shows)
+
+
+def _set_rules(cl: Cluster, rules: list[dict[str, Any]]) -> None:
+    role = json.loads(cl.kubectl("get", "clusterrole", _role_name(cl), "-o", "json").stdout)
+    role["rules"] = rules
+    role["metadata"].pop("resourceVersion", None)
+    cl.kubectl("replace", "-f", "-", input=json.dumps(role))
+
+
+@pytest.fixture
+def full_rules(cluster: Cluster) -> Any:
+    rules = _rules(cluster)
+    assert sorted(_rule_id(r) for r in rules) == sorted(RULES), "the chart's rules changed: update RULES"
+    yield rules
+    _set_rules(cluster, rules)
+    crash_operator(cluster)  # a fresh process with every watch under the full role
+    wait_operator_ready(cluster)
+
+
+def _healthy(cl: Cluster, ns: str, name: str) -> bool:
+    st = job_status(cl, ns, name)
+    if st.get("phase") != c.RUNNING:
+        return False
+    try:
+        core(cl).read_namespaced_service(name, ns)
+    except Exception:
+        return False
+    return any(e.startswith(c.REASON_ALL_RUNNING) for e in events(cl, ns, name))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full_rules: list[dict[str, Any]]) -> None:
+    """Remove one rule, restart the operator, submit a job: it must visibly break (403 in the log, no
+    status, no pods, no Service or no events). A rule whose removal changes nothing is reported."""
+    results: dict[str, str] = {}
+    for index, rule in enumerate(full_rules):
+        rid = _rule_id(rule)
+        _set_rules(cluster, [r for i, r in enumerate(full_rules) if i != index])
+        crash_operator(cluster)
+        wait_operator_ready(cluster)
+        log_from = len(operator_log(cluster))
+        name = f"rbac{index}"
+        apply(cluster, tiny_job(name, namespace))
+        deadline = time.monotonic() + 25
+        outcome = ""
+        while time.monotonic() < deadline:
+            text = operator_log(cluster)[log_from:]
+            if "403" in text or "Forbidden" in text or "forbidden" in text:
+                outcome = "forbidden: " + next(ln for ln in text.splitlines()
+                                               if "403" in ln or "orbidden" in ln)[:200]  # fmt: skip
+                break
+            if _healthy(cluster, namespace, name):
+                break
+            time.sleep(0.5)
+        healthy = _healthy(cluster, namespace, name)
+        if not outcome and not healthy:
+            st = job_status(cluster, namespace, name)
+            pods = len(job_pods(cluster, namespace, name))
+            outcome = f"job not healthy in 25 s: phase {st.get('phase')}, pods {pods}"
+        results[rid] = outcome or "NOTHING BROKE"
+        print(f"\nwithout {rid}: {results[rid]}")
+    unneeded = sorted(r for r, o in results.items() if o == "NOTHING BROKE")
+    assert unneeded == sorted(UNNEEDED), f"rules whose removal broke nothing: {unneeded}; results {results}"
