@@ -117,6 +117,9 @@ def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster,
     injected = injected_env(new[0])[contract.RESUME_FROM]
     assert Path(injected).name not in (partial.name, truncated.name)
     assert layout.parse_step_dir(Path(injected).name) >= good.step
-    story = wait_for(lambda: (e := events(cluster, ns, name)) and sum(
-        x.startswith(c.REASON_CHECKPOINT_SKIPPED) for x in e) >= 2 and e, 30, "two CheckpointSkipped events")  # fmt: skip
+    def skipped() -> list[str]:
+        story = events(cluster, ns, name)
+        return story if sum(e.startswith(c.REASON_CHECKPOINT_SKIPPED) for e in story) >= 2 else []
+
+    story = wait_for(skipped, 30, "two CheckpointSkipped events")
     assert any("truncated" in e for e in story) and any("no .metadata" in e for e in story)
