@@ -47,21 +47,23 @@ def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
     return (num / den) ** 0.5
 
 
-def submit(cluster: Cluster, ns: str, name: str, tmp: Path, **kw: Any) -> dict[str, Any]:
+def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
+    """The example job, dumping its final state beside its checkpoint root for comparison."""
     scenarios.shared_claim(cluster, ns)
-    job = scenarios.example_job(name, ns, steps=STEPS, extra_args=(f"--dump-state={MOUNT}/{ns}-{name}.pt",), **kw)
+    kw.setdefault("steps", STEPS)
+    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}-{name}.pt",), **kw)
     cluster.apply(job)
     return job
 
 
 @pytest.mark.timeout(600)
 def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
-    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any], tmp_path: Path
+    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 
     cluster, ns, name = operator_cluster, job_ns, "tiny"
-    job = submit(cluster, ns, name, tmp_path)
+    job = submit(cluster, ns, name)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     first = scenarios.first_complete_checkpoint(cluster, job)
     timeline = scenarios.kill_and_time(cluster, ns, name, node_of(pods, "1"))
@@ -96,10 +98,10 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
 
 
 @pytest.mark.timeout(600)
-def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster, job_ns: str, tmp_path: Path) -> None:
+def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster, job_ns: str) -> None:
     """A newer dir without .metadata and one with .metadata beside a truncated shard are skipped."""
     cluster, ns, name = operator_cluster, job_ns, "planted"
-    job = submit(cluster, ns, name, tmp_path, steps=200, step_delay=0.5)
+    job = submit(cluster, ns, name, steps=200, step_delay=0.5)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     good = scenarios.first_complete_checkpoint(cluster, job)
     root = scenarios.host_root(cluster, job)
