@@ -265,6 +265,8 @@ class Cluster:
                  "kubernetes.default.svc.cluster.local", "localhost"),
             ips=(self.api_host, "127.0.0.1", "10.96.0.1"))
         sa_key, sa_pub = pki.service_account_keys()
+        kubelet_crt, kubelet_key = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                             ("system:masters",))
         admin_crt, admin_key = pki.issue("admin", "kubernetes-admin", ("system:masters",))
         kcm_crt, kcm_key = pki.issue("controller-manager", "system:kube-controller-manager")
         sch_crt, sch_key = pki.issue("scheduler", "system:kube-scheduler")
@@ -287,6 +289,8 @@ class Cluster:
             # so simulated nodes are held to what a kubelet may do.
             "--enable-admission-plugins=NodeRestriction",
             f"--service-cluster-ip-range={K8S_SERVICE_CIDR}",
+            f"--kubelet-client-certificate={kubelet_crt}", f"--kubelet-client-key={kubelet_key}",
+            f"--kubelet-certificate-authority={pki.ca_crt}", "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true", "--profiling=false", "--v=1",
             *extra_api,
         ])
@@ -399,6 +403,9 @@ class Cluster:
         crt, key = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
         kc = ndir / "kubeconfig"
         self._write_kubeconfig(kc, f"system:node:{name}", crt, key)
+        # The kubelet API (logs) is served on the node's InternalIP, verified by the apiserver.
+        serving_crt, serving_key = self.pki.issue(f"node-{name}-serving", f"system:node:{name}", ("system:nodes",),
+                                                  server=True, client=False, dns=(name,), ips=(address,))
         config = {
             "node": name, "index": index, "address": address, "subnet": self.subnet,
             "bridge": self.bridge, "gateway": self.api_host, "netns_prefix": self.netns_prefix,
@@ -413,6 +420,7 @@ class Cluster:
             "python_bin_dir": str(self.python_bin_dir),
             "honour_security_context": self.honour_security_context,
             "kubelet_version": self.version(),
+            "serving_cert": str(serving_crt), "serving_key": str(serving_key),
         }
         cfg_path = ndir / "config.json"
         cfg_path.write_text(json.dumps(config, indent=2))
@@ -571,7 +579,8 @@ class Cluster:
         return client.ApiClient(cfg)
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
-        """A pod container's stdout+stderr (there is no kubelet API, so `kubectl logs` cannot work)."""
+        """A pod container's stdout+stderr, read from the node's disk (works on killed nodes too;
+        `kubectl logs` works as well while the node is up)."""
         for ndir in (self.dir / "nodes").glob("*"):
             for d in sorted((ndir / "pods").glob(f"{namespace}_{pod}_*"), key=lambda p: p.stat().st_mtime):
                 logs = sorted(d.glob(f"{container or '*'}.log"))

@@ -796,6 +796,79 @@ class PodRuntime(threading.Thread):
                                     "preconditions": {"uid": self.uid}})
 
 
+class KubeletServer(threading.Thread):
+    """The slice of the kubelet API the apiserver proxies to: container logs (`kubectl logs [-f]`).
+
+    HTTPS on the node's InternalIP:10250 with a CA-signed serving cert; only CA-signed clients
+    (the apiserver's kubelet-client cert) are accepted, as a kubelet with x509 authn would.
+    """
+
+    def __init__(self, agent: NodeAgent) -> None:
+        super().__init__(daemon=True, name="kubelet-api")
+        import http.server
+
+        cfg = agent.cfg
+        handler = self._handler(agent)
+        self.httpd = http.server.ThreadingHTTPServer((cfg["address"], 10250), handler)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=cfg["ca_crt"])
+        ctx.load_cert_chain(cfg["serving_cert"], cfg["serving_key"])
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+
+    @staticmethod
+    def _handler(agent: NodeAgent) -> Any:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, fmt: str, *args: Any) -> None:
+                LOG.debug("kubelet api: " + fmt, *args)
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                q = urllib.parse.parse_qs(url.query)
+                parts = url.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "containerLogs":
+                    self.send_error(404, "only /containerLogs/{namespace}/{pod}/{container} is served")
+                    return
+                _, ns, pod, container = parts
+                rt = agent.runtime_for(ns, pod)
+                path = rt.dir / f"{container}.log" if rt else None
+                if path is None or not path.exists():
+                    self.send_error(404, f"no logs for {ns}/{pod}/{container} on this node")
+                    return
+                data = path.read_bytes()
+                if "tailLines" in q:
+                    n = int(q["tailLines"][0])
+                    data = b"".join(data.splitlines(keepends=True)[-n:]) if n else b""
+                if "limitBytes" in q:
+                    data = data[: int(q["limitBytes"][0])]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(data)
+                if q.get("follow", ["false"])[0] != "true":
+                    return
+                pos = path.stat().st_size
+                with path.open("rb") as f:
+                    f.seek(pos)
+                    while agent.runtime_for(ns, pod) is rt and not rt.removed.is_set():
+                        chunk = f.read(65536)
+                        if chunk:
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                        elif all(c.proc is None or c.proc.poll() is not None for c in rt.containers
+                                 if c.name == container):
+                            return
+                        else:
+                            time.sleep(0.2)
+
+        return Handler
+
+    def run(self) -> None:
+        """Serve until the process ends."""
+        self.httpd.serve_forever()
+
+
 class NodeAgent:
     """One simulated node."""
 
@@ -984,6 +1057,11 @@ class NodeAgent:
                              {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                               "preconditions": {"uid": meta["uid"]}})
 
+    def runtime_for(self, ns: str, name: str) -> PodRuntime | None:
+        """The live pod worker for ns/name, if this node runs it."""
+        with self.lock:
+            return next((r for r in self.runtimes.values() if (r.ns, r.pod_name) == (ns, name)), None)
+
     def pod_finished(self, rt: PodRuntime) -> None:
         """A pod worker ended: forget it (a new pod with the same name has a new uid)."""
         with self.lock:
@@ -999,6 +1077,7 @@ class NodeAgent:
         # A restarted agent (a rebooted machine) first drops the pod sandboxes of its previous life:
         # their processes are gone, and a stale veth would duplicate an IP it hands out again.
         network.delete_netns_with_prefix(self.netns_prefix)
+        KubeletServer(self).start()
         self.register()
         threading.Thread(target=self.heartbeat_loop, daemon=True, name="heartbeat").start()
         for inf in (self.pods, self.all_pods, self.services):

@@ -145,6 +145,8 @@ def test_pod_runs_and_succeeds(rtj_cluster: Any, core: client.CoreV1Api, namespa
     if hasattr(rtj_cluster, "subnet"):  # local substrate: pod IPs come from the node's /24
         assert p.status.pod_ip and p.status.pod_ip.startswith(f"10.{rtj_cluster.subnet}.")
     assert f"pod ok {namespace} {p.spec.node_name} {p.status.pod_ip}" in log
+    # kubectl logs goes apiserver -> the node's kubelet API (the agent serves it on its InternalIP).
+    assert f"pod ok {namespace}" in rtj_cluster.kubectl("logs", "-n", namespace, "ok").stdout
 
 
 @pytest.mark.timeout(60)
