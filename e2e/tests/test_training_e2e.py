@@ -125,3 +125,91 @@ def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster,
 
     story = wait_for(skipped, 30, "two CheckpointSkipped events")
     assert any("truncated" in e for e in story) and any("no .metadata" in e for e in story)
+
+
+@pytest.mark.timeout(900)
+def test_two_losses_then_capacity_returns_and_the_job_grows_back(
+    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any]
+) -> None:
+    import torch
+
+    cluster, ns, name = operator_cluster, job_ns, "twice"
+    job = submit(cluster, ns, name, steps=STEPS, checkpoint_every=3, step_delay=0.4)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    scenarios.first_complete_checkpoint(cluster, job)
+    first = scenarios.kill_and_time(cluster, ns, name, node_of(pods, "3"))
+    assert (first.attempt, first.replicas) == (2, 3)
+    second = scenarios.kill_and_time(cluster, ns, name, node_of(running_attempt(cluster, ns, name, 2, 3), "1"))
+    print(f"\nfirst loss:  {first.row()}\nsecond loss: {second.row()}")
+    assert (second.attempt, second.replicas) == (3, 2)
+    assert second.resumed_step is not None and first.resumed_step is not None
+    assert second.resumed_step >= first.resumed_step
+    for node in (first.node, second.node):
+        cluster.restore_node(node)
+    grown = scenarios.wait_phase(cluster, ns, name, c.SUCCEEDED, 600)
+    history = grown["history"]
+    assert [h["replicas"] for h in history][:3] == [4, 3, 2]
+    assert history[-1]["replicas"] == 4, history  # grew back at a checkpoint once the nodes returned
+    assert grown["restarts"]["infrastructure"] == 2 and grown["restarts"]["planned"] >= 1
+    state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
+    assert relative_difference(reference["model"], state["model"]) <= TOLERANCE
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_at_once_cost_one_restart(operator_cluster: Cluster, job_ns: str) -> None:
+    cluster, ns, name = operator_cluster, job_ns, "pair"
+    job = submit(cluster, ns, name, steps=200, step_delay=0.5)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    scenarios.first_complete_checkpoint(cluster, job)
+    for rank in ("1", "2"):
+        cluster.kill_node(node_of(pods, rank))
+    running_attempt(cluster, ns, name, 2, 2, timeout=120)
+    status = get_job(cluster, ns, name)["status"]
+    assert status["restarts"]["infrastructure"] == 1 and status["attempt"] == 2
+    assert "," in status["lastFailure"]["message"] or ";" in status["lastFailure"]["message"]
+
+
+@pytest.mark.timeout(600)
+def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
+    operator_cluster: Cluster, job_ns: str
+) -> None:
+    cluster, ns, name = operator_cluster, job_ns, "short"
+    job = submit(cluster, ns, name, steps=200, step_delay=0.5, min_replicas=3)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    scenarios.first_complete_checkpoint(cluster, job)
+    dead = [node_of(pods, "0"), node_of(pods, "3")]
+    for node in dead:
+        cluster.kill_node(node)
+    waiting = scenarios.wait_phase(cluster, ns, name, c.WAITING_FOR_CAPACITY, 60)
+    cond = {x["type"]: x for x in waiting["conditions"]}[c.COND_CAPACITY]
+    assert cond["status"] == "False" and cond["reason"] == c.REASON_BELOW_MIN
+    assert "need at least 3 workers" in cond["message"]
+    assert not job_pods(cluster, ns, name)  # nothing runs, nothing half-deleted
+    cluster.restore_node(dead[0])
+    running_attempt(cluster, ns, name, 2, 3, timeout=120)
+    status = get_job(cluster, ns, name)["status"]
+    assert status["restarts"]["infrastructure"] == 1
+
+
+@pytest.mark.timeout(600)
+def test_application_failure_spends_its_own_budget_then_fails(operator_cluster: Cluster, job_ns: str) -> None:
+    cluster, ns, name = operator_cluster, job_ns, "buggy"
+    failure = {"maxApplicationRestarts": 1, "applicationBackoffSeconds": 3, "maxInfrastructureRestarts": 5}
+    scenarios.shared_claim(cluster, ns)
+    crash = ("--fail-at-step=3", "--fail-rank=1", "--fail-exit-code=1")
+    job = scenarios.example_job(name, ns, steps=20, extra_args=crash, failurePolicy=failure)
+    cluster.apply(job)
+    final = scenarios.wait_phase(cluster, ns, name, c.FAILED, 400)
+    assert final["restarts"] == {"infrastructure": 0, "application": 1, "planned": 0}
+    assert final["lastFailure"]["kind"] == c.APPLICATION and final["lastFailure"]["exitCode"] == 1
+    cond = {x["type"]: x for x in final["conditions"]}[c.COND_FAILED]
+    assert cond["reason"] == c.REASON_APP_BUDGET and "checkpoints are kept" in cond["message"]
+    history = final["history"]
+    gap = (parse_time(history[1]["startTime"]) - parse_time(history[0]["endTime"])).total_seconds()
+    assert gap >= failure["applicationBackoffSeconds"] - 1, history  # the backoff was observed
+
+
+def parse_time(value: str) -> Any:
+    from resilient_operator.core.timeutil import parse
+
+    return parse(value)

@@ -75,6 +75,7 @@ REASON_STORAGE_OK = "Readable"
 REASON_STORAGE_UNREADABLE = "StorageUnreadable"
 REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
 REASON_NEW_CHECKPOINT = "CheckpointCompleted"
+REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
 # Node facts Kubernetes itself defines.
 TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"

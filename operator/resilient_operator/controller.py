@@ -6,9 +6,12 @@ create (AlreadyExists is fine), then emit events, which therefore never describe
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from resilient_operator import constants as c
 from resilient_operator import metrics
@@ -60,9 +63,23 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
     if patch:
         kube.write_status(obj, patch)
     for manifest in plan.create:
-        kube.create(manifest)
+        try:
+            kube.create(manifest)
+        except ApiException as exc:
+            if exc.status and 400 <= exc.status < 500:  # admission, quota, an invalid template: say so
+                detail = _api_message(exc)
+                kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED,
+                                f"cannot create {manifest['kind']} {manifest['metadata']['name']}: {detail}")  # fmt: skip
+            raise
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body or "{}").get("message") or str(exc.reason)
+    except ValueError:
+        return str(exc.reason)
 
 
 def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeView], now: datetime) -> None:

@@ -25,7 +25,8 @@ from resilient_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 JobKey = tuple[str, str]
-ERROR_RETRY_SECONDS = 2.0
+ERROR_RETRY_SECONDS = 1.0
+MAX_ERROR_RETRY_SECONDS = 60.0
 
 
 @dataclass
@@ -38,6 +39,7 @@ class State:
     phases: dict[JobKey, str] = field(default_factory=dict)
     capacity_bound: set[JobKey] = field(default_factory=set)
     pods_on_node: dict[str, dict[str, JobKey]] = field(default_factory=lambda: defaultdict(dict))
+    errors: dict[JobKey, int] = field(default_factory=dict)  # consecutive failed reconciles, for backoff
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -77,14 +79,17 @@ async def _worker(state: State) -> None:
             requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, *key)
             if phase:
                 _note_phase(state, key, phase)
+            state.errors.pop(key, None)
             if requeue is not None:
                 state.queue.add(key, requeue)
         except Conflict:
             state.queue.add(key)  # someone else wrote first; read again
         except Exception as exc:
+            failures = state.errors[key] = state.errors.get(key, 0) + 1
+            delay = min(ERROR_RETRY_SECONDS * 2 ** (failures - 1), MAX_ERROR_RETRY_SECONDS)
             metrics.RECONCILE_ERRORS.labels(error=type(exc).__name__).inc()
-            log.exception("reconcile of %s/%s failed; retrying in %ss", *key, ERROR_RETRY_SECONDS)
-            state.queue.add(key, ERROR_RETRY_SECONDS)
+            log.exception("reconcile of %s/%s failed (%d in a row); retrying in %ss", *key, failures, delay)
+            state.queue.add(key, delay)
         finally:
             state.queue.done(key)
 

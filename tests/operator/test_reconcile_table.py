@@ -308,3 +308,11 @@ def test_core_never_plans_checkpoint_deletion() -> None:
     for row in ROWS:
         plan = reconcile(row.job, row.pods, row.nodes, row.listing, NOW)
         assert all(name.startswith("demo-a") for name in plan.delete + plan.force_delete)
+
+
+def test_each_lost_node_gets_its_own_field_requirement() -> None:
+    """The API accepts one value per metadata.name requirement (found against the real API server)."""
+    spec = render.pod_manifest(job(), 2, 0, 2, None, ["n2", "n1"])["spec"]
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+                                   {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]  # fmt: skip

@@ -84,14 +84,15 @@ def avoid_nodes(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """
     if not nodes:
         return
-    rule = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    # the API allows one value per metadata.name requirement; requirements in a term are ANDed
+    rules = [{"key": "metadata.name", "operator": "NotIn", "values": [name]} for name in sorted(nodes)]
     affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.setdefault("nodeSelectorTerms", [])
     if not terms:
         terms.append({})
     for term in terms:
-        term.setdefault("matchFields", []).append(rule)
+        term.setdefault("matchFields", []).extend(copy.deepcopy(rules))
 
 
 def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None,
