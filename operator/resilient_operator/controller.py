@@ -67,9 +67,8 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
             kube.create(manifest)
         except ApiException as exc:
             if exc.status and 400 <= exc.status < 500:  # admission, quota, an invalid template: say so
-                detail = _api_message(exc)
-                kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED,
-                                f"cannot create {manifest['kind']} {manifest['metadata']['name']}: {detail}")  # fmt: skip
+                what = f"{manifest['kind']} {manifest['metadata']['name']}"
+                kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, f"cannot create {what}: {_api_message(exc)}")
             raise
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
