@@ -53,6 +53,12 @@ DNS_RBAC = {"apiVersion": "v1", "kind": "List", "items": [
 ]}
 
 
+# Control plane and node agents run at a higher CPU priority than pods (which the launcher resets
+# to 0): on a 2-core machine a busy training pod must not starve heartbeats into a false NotReady,
+# just as real nodes reserve CPU for the kubelet.
+PRIORITY = ("nice", "-n", "-5")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (bind to 0 and release)."""
     with socket.socket() as s:
@@ -215,7 +221,7 @@ class Cluster:
         log = self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
-            proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([*PRIORITY, str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
         comp = Component(name, proc, log)
         self.components[name] = comp
@@ -438,7 +444,7 @@ class Cluster:
                                                                           os.environ.get("PYTHONPATH")]))}
         with log.open("ab") as out:
             node.proc = subprocess.Popen(
-                [sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
+                [*PRIORITY, sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 cwd=REPO_ROOT, env=env)
         node.killed = False
