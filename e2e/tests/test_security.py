@@ -268,10 +268,13 @@ def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> 
     apply(cluster, manifest)
     pods = running_attempt(cluster, namespace, "psa", 1, 2)
     assert all(p.spec.security_context.run_as_non_root for p in pods)
-    # the operator's own pod passes too (server-side dry run reports violating pods as warnings)
+    # the operator's own pod passes too (server-side dry run reports violating pods as warnings), except
+    # for the hostPath checkpoint volume this test install chose (checkpointStorage.hostPath; restricted
+    # allows only PVC-style volumes, so production installs use checkpointStorage.existingClaim)
     res = cluster.kubectl("label", "--dry-run=server", "--overwrite", "namespace", OPERATOR_NS,
                           "pod-security.kubernetes.io/enforce=restricted")  # fmt: skip
-    assert "violate" not in (res.stderr + res.stdout), res.stderr
+    problems = [ln for ln in res.stderr.splitlines() if ln.startswith("Warning: rtj-")]
+    assert all(ln.endswith(": restricted volume types") for ln in problems), res.stderr
     # a template that is not restricted-compliant is refused by admission: the job never runs a pod
     apply(cluster, tiny_job("rootjob", namespace))
 
@@ -351,9 +354,9 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
         outcome = ""
         while time.monotonic() < deadline:
             text = operator_log(cluster)[log_from:]
-            if "403" in text or "Forbidden" in text or "forbidden" in text:
-                outcome = "forbidden: " + next(ln for ln in text.splitlines()
-                                               if "403" in ln or "orbidden" in ln)[:200]  # fmt: skip
+            refused = [ln for ln in text.splitlines() if '" 403 ' in ln or "orbidden" in ln]
+            if refused:
+                outcome = "forbidden: " + refused[0][:200]
                 break
             if _healthy(cluster, namespace, name):
                 break
@@ -367,3 +370,26 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
         print(f"\nwithout {rid}: {results[rid]}")
     unneeded = sorted(r for r, o in results.items() if o == "NOTHING BROKE")
     assert unneeded == sorted(UNNEEDED), f"rules whose removal broke nothing: {unneeded}; results {results}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="core/reconcile.py _watch_attempt re-creates missing pods "
+                   "in Starting but never the headless Service; see the issue-7 report")  # fmt: skip
+def test_service_exists_after_a_failure_between_status_write_and_creates(cluster: Cluster, namespace: str) -> None:
+    """The state of an operator that crashed after writing attempt 1 but before creating the Service: here
+    the Service create is refused (RBAC) for a while, then allowed. The job must end with its Service."""
+    rules = _rules(cluster)
+
+    def errors() -> float:
+        return sum(metric_samples(operator_metrics(cluster), "rtj_reconcile_errors_total").values())
+
+    before = errors()
+    _set_rules(cluster, [r for r in rules if _rule_id(r) != "core/services"])
+    try:
+        apply(cluster, tiny_job("nosvc", namespace))
+        wait_for(lambda: job_status(cluster, namespace, "nosvc").get("attempt") == 1, 60, "attempt 1 written")
+        wait_for(lambda: errors() >= before + 2, 60, "the refused create retried")
+    finally:
+        _set_rules(cluster, rules)
+    wait_phase(cluster, namespace, "nosvc", c.RUNNING, timeout=60)
+    wait_for(lambda: core(cluster).read_namespaced_service("nosvc", namespace), 30, "the rendezvous Service")

@@ -1,0 +1,170 @@
+"""Many jobs on one operator: memory and reconcile latency on the local cluster, with nodes killed.
+
+Starts a local cluster (real control plane, simulated nodes), installs the operator with helm as the
+e2e suite does, submits N one-worker jobs whose stand-in worker requests no GPU (each worker is a real
+`sleep` process), waits until all run, kills K pool nodes, and waits until every job that lost its
+worker runs again as attempt 2. Prints:
+
+- the operator's RSS (its process, read from /proc) idle, with N jobs running, and after the recovery;
+- reconcile latency (the operator's `rtj_reconcile_seconds` histogram scraped from its pod IP, port
+  8080): count, mean, median and p95 (interpolated within Prometheus buckets);
+- wall time from submit to all running, and from the kill to all hit jobs running again.
+
+    python bench/scale_bench.py [--jobs 50] [--kill 2] [--nodes 4]      # --jobs 500 --nodes 6 at scale
+
+Needs root (network namespaces) and the Kubernetes binaries (`make binaries`). Each worker is one
+process and the simulated nodes are Python processes, so on a small machine the pods' start-up, not the
+operator, dominates the wall times; the RSS and reconcile figures are the operator's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.tests import support
+from resilient_operator import constants as c
+
+
+def histogram(text: str, name: str) -> tuple[list[tuple[float, float]], float, float]:
+    """Cumulative buckets [(le, count)], sum and count of one Prometheus histogram."""
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for key, value in support.metric_samples(text, name).items():
+        if key.startswith(f"{name}_bucket"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((math.inf if le == "+Inf" else float(le), value))
+        elif key.startswith(f"{name}_sum"):
+            total = value
+        elif key.startswith(f"{name}_count"):
+            count = value
+    return sorted(buckets), total, count
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    rank = q * buckets[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower_le
+            if count == lower_count:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
+        lower_le, lower_count = le, count
+    return buckets[-1][0]
+
+
+def delta(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    base = dict(before)
+    return [(le, n - base.get(le, 0.0)) for le, n in after]
+
+
+def latency_line(label: str, text_after: str, text_before: str) -> str:
+    b1, s1, n1 = histogram(text_after, "rtj_reconcile_seconds")
+    b0, s0, n0 = histogram(text_before, "rtj_reconcile_seconds")
+    d = delta(b1, b0)
+    n = n1 - n0
+    mean = (s1 - s0) / n if n else float("nan")
+    return (f"{label:<28} reconciles {n:>6.0f}  mean {mean * 1000:7.1f} ms  median {quantile(d, 0.5) * 1000:7.1f} ms"
+            f"  p95 {quantile(d, 0.95) * 1000:7.1f} ms")  # fmt: skip
+
+
+def rss_mib(cl: Cluster) -> float:
+    pid = wait_for(lambda: support.operator_pid(cl), 60, "operator pid")
+    return support.process_rss_bytes(pid) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--kill", type=int, default=2, help="pool nodes killed once all jobs run")
+    ap.add_argument("--nodes", type=int, default=4, help="pool nodes (each holds up to --pods-per-node pods)")
+    ap.add_argument("--pods-per-node", type=int, default=250)
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args()
+    if args.kill >= args.nodes:
+        ap.error("--kill must leave at least one pool node")
+
+    cl = Cluster.start("scale", node_monitor_grace_period="8s")
+    try:
+        for i in range(args.nodes):
+            cl.add_node(f"w{i}", cpu="64", memory="256Gi", gpus=1, pods=args.pods_per_node, labels={"pool": "train"})
+        cl.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
+        cl.host_path(support.HOST_DIR).mkdir(parents=True, exist_ok=True)
+        cl.kubectl("create", "namespace", support.OPERATOR_NS)
+        cl.helm("install", support.RELEASE, str(support.CHART), "--namespace", support.OPERATOR_NS, "--wait",
+                "--timeout", "180s", "--set", f"checkpointStorage.hostPath={support.HOST_DIR}",
+                "--set", f"checkpointStorage.mountPath={support.MOUNT}",
+                "--set", "nodeSelector.role=infra")  # fmt: skip
+        support.wait_operator_ready(cl)
+        wait_for(lambda: support.operator_metrics(cl), 60, "operator metrics")
+        ns = "scale"
+        cl.kubectl("create", "namespace", ns)
+        cl.wait_for_default_sa(ns)
+        idle_rss = rss_mib(cl)
+        m0 = support.operator_metrics(cl)
+        names = [f"j{i:04d}" for i in range(args.jobs)]
+        t0 = time.monotonic()
+        for start in range(0, len(names), 50):  # one kubectl apply per 50 jobs
+            batch = [support.tiny_job(n, ns) for n in names[start:start + 50]]
+            cl.apply(batch)
+        submit_s = time.monotonic() - t0
+
+        def phases() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for item in support.custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]:
+                st = item.get("status") or {}
+                key = f"{st.get('phase', 'None')}/a{st.get('attempt', 0)}"
+                out[key] = out.get(key, 0) + 1
+            return out
+
+        wait_for(lambda: phases().get(f"{c.RUNNING}/a1") == args.jobs, args.timeout, "every job running", interval=2)
+        all_running_s = time.monotonic() - t0
+        m1 = support.operator_metrics(cl)
+        busy_rss = rss_mib(cl)
+
+        pods = support.core(cl).list_namespaced_pod(ns, label_selector=c.LABEL_JOB).items
+        placed = {p.metadata.labels[c.LABEL_JOB]: p.spec.node_name for p in pods}
+        dead = [f"w{i}" for i in range(args.kill)]
+        hit = sorted(n for n, node in placed.items() if node in dead)
+        t1 = time.monotonic()
+        for node in dead:
+            cl.kill_node(node)
+        want = {f"{c.RUNNING}/a2": len(hit), f"{c.RUNNING}/a1": args.jobs - len(hit)}
+        want = {k: v for k, v in want.items() if v}
+        wait_for(lambda: phases() == want, args.timeout, f"the {len(hit)} hit jobs running as attempt 2", interval=2)
+        recover_s = time.monotonic() - t1
+        m2 = support.operator_metrics(cl)
+        after_rss = rss_mib(cl)
+
+        print(f"\nscale bench: {args.jobs} jobs (1 worker each, no GPU), {args.nodes} pool nodes, "
+              f"killed {args.kill} ({', '.join(dead)}), {len(hit)} jobs lost their worker")  # fmt: skip
+        print(f"{'submit (kubectl apply)':<28} {submit_s:7.1f} s")
+        print(f"{'submit -> all running':<28} {all_running_s:7.1f} s")
+        print(f"{'kill -> hit jobs running':<28} {recover_s:7.1f} s")
+        print(f"{'operator RSS idle':<28} {idle_rss:7.1f} MiB")
+        print(f"{'operator RSS, jobs running':<28} {busy_rss:7.1f} MiB")
+        print(f"{'operator RSS after recovery':<28} {after_rss:7.1f} MiB")
+        print(latency_line("reconcile, start-up", m1, m0))
+        print(latency_line("reconcile, recovery", m2, m1))
+        relaunch = histogram(m2, "rtj_time_to_relaunch_seconds")
+        print(f"{'time to relaunch (operator)':<28} median {quantile(relaunch[0], 0.5):.2f} s  "
+              f"p95 {quantile(relaunch[0], 0.95):.2f} s  (n={relaunch[2]:.0f})")  # fmt: skip
+        errors = support.metric_samples(m2, "rtj_reconcile_errors_total")
+        print(f"{'reconcile errors':<28} {sum(errors.values()):.0f} {dict(errors) if errors else ''}")
+    finally:
+        cl.stop(remove=True)
+
+
+if __name__ == "__main__":
+    main()
