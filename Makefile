@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries lint test test-unit test-cluster chart bench clean
+.PHONY: demo help venv binaries lint test test-unit test-cluster chart bench clean
+
+demo: venv binaries ## The demo: a training job survives a node loss on a local cluster (DEMO_ARGS=--keep|--kind)
+	$(PY) -m e2e.demo $(DEMO_ARGS)
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
