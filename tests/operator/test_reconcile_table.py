@@ -284,6 +284,12 @@ def test_avoiding_lost_nodes_keeps_the_users_affinity() -> None:
         assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]
 
 
+def test_interrupted_launch_also_ensures_the_service() -> None:
+    """Status says attempt 1 started but nothing was created: the Service comes before the pods."""
+    plan = reconcile(job(running_status(phase=c.STARTING)), [], healthy(4), listing(), NOW)
+    assert [m["kind"] for m in plan.create] == ["Service", "Pod", "Pod", "Pod", "Pod"]
+
+
 def test_lease_deadline_is_the_next_look() -> None:
     """A silent node sends no event: the plan asks to look again when its lease would go stale."""
     quiet = nodes_with(4, n1=dict(lease_age=15.0))

@@ -208,7 +208,9 @@ def _watch_attempt(ctx: _Ctx) -> None:
     if ctx.phase == c.STARTING:
         missing = [r for r in range(replicas) if r not in present]
         resume = _resume_verdict(st)
-        for rank in missing:  # a crash between the status write and the creates
+        if missing:  # a crash (or a refused create) between the status write and the creates
+            ctx.plan.create.append(render.service_manifest(ctx.job))
+        for rank in missing:
             ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
                                                        _all_lost_nodes(ctx)))  # fmt: skip
         if not missing and all(p.phase == "Running" for p in current):
