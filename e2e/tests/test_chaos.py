@@ -1,0 +1,366 @@
+"""Chaos: the operator keeps its promises when it is itself killed, when the control plane blips, when a
+node flaps, and when many jobs lose nodes at once.
+
+Faults are injected precisely: the operator process is frozen (SIGSTOP) at the stage under test and then
+SIGKILLed or its pod force-deleted; the API server is stopped and started with the same flags; etcd is
+frozen; a node agent is frozen (heartbeats stop, its pods keep running). Waits poll with timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.tests.support import (
+    HOST_DIR,
+    MOUNT,
+    NODES,
+    apply,
+    assert_consistent_status,
+    assert_single_attempt,
+    core,
+    delete_operator_pod,
+    events,
+    injected_env,
+    job_manifest,
+    job_pods,
+    job_status,
+    make_checkpoint,
+    node_of,
+    operator_pid,
+    pause_node_agent,
+    restart_component,
+    resume_node_agent,
+    running_attempt,
+    signal_component,
+    tiny_job,
+    wait_operator_ready,
+    wait_phase,
+)  # fmt: skip
+from resilient_operator import constants as c
+from resilient_trainer import contract
+
+pytestmark = [pytest.mark.cluster]
+
+
+@pytest.fixture
+def cluster(operator_cluster: Cluster) -> Cluster:
+    return operator_cluster
+
+
+@pytest.fixture
+def namespace(job_ns: str) -> str:
+    return job_ns
+
+
+def slow_stop_script(done_flag: str | None = None) -> str:
+    """A stand-in that takes ~3 s to stop on SIGTERM (a trainer flushing), so fencing is observable;
+    with `done_flag`, it exits 0 once that file exists (the job completes)."""
+    wait = f"while [ ! -f {done_flag} ]; do sleep 0.3; done; exit 0" if done_flag else "while :; do sleep 0.3; done"
+    return f"trap 'sleep 3; exit 143' TERM; {wait}"
+
+
+def freeze_operator(cl: Cluster) -> int:
+    pid = wait_for(lambda: operator_pid(cl), 60, "the operator process")
+    os.kill(pid, signal.SIGSTOP)
+    return int(pid)
+
+
+def kill_frozen_operator(cl: Cluster, pid: int) -> None:
+    """SIGKILL the frozen process and wait for its container to come back (same pod)."""
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: operator_pid(cl) not in (None, pid), 90, "the operator container restarted")
+
+
+def first_delete(cl: Cluster, ns: str, name: str, attempt: int) -> None:
+    victim = next(p for p in job_pods(cl, ns, name) if p.metadata.labels[c.LABEL_ATTEMPT] == str(attempt)
+                  and p.metadata.labels[c.LABEL_RANK] == "1")  # fmt: skip
+    core(cl).delete_namespaced_pod(victim.metadata.name, ns)
+
+
+def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int, step: int) -> dict[str, Any]:
+    pods = running_attempt(cl, ns, name, attempt, replicas, timeout=150)
+    assert_single_attempt(cl, ns, name, attempt, replicas)
+    for pod in pods:
+        env = injected_env(pod)
+        assert env[contract.NNODES] == str(replicas) and env[contract.ATTEMPT] == str(attempt)
+        assert env[contract.RESUME_FROM] == f"{MOUNT}/{ns}-{name}/step-{step:010d}"
+    status = job_status(cl, ns, name)
+    assert_consistent_status(status)
+    assert status["restarts"]["infrastructure"] == attempt - 1 and status["resumedFrom"]["step"] == step
+    return status
+
+
+# ---- 1. the operator killed at each stage of a recovery --------------------------------------------------
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace: str) -> None:
+    name = "stages"
+    make_checkpoint(cluster.host_path(f"{HOST_DIR}/{namespace}-{name}"), step=7)
+    apply(cluster, job_manifest(name, namespace, replicas=3, script=slow_stop_script()))
+    running_attempt(cluster, namespace, name, 1, 3)
+
+    # (a) the fault happens while the operator is down: the new process must find it from a fresh list
+    pid = freeze_operator(cluster)
+    first_delete(cluster, namespace, name, 1)
+    time.sleep(1)  # the fault lands while the operator is frozen (injection timing, not a wait)
+    kill_frozen_operator(cluster, pid)
+    check_recovered(cluster, namespace, name, 2, 3, 7)
+
+    # (b) right after detection: status says Restarting, the old pods are still terminating (slow stop)
+    first_delete(cluster, namespace, name, 2)
+    wait_phase(cluster, namespace, name, c.RESTARTING, timeout=60)
+    delete_operator_pod(cluster)  # a force-deleted operator pod, as `kubectl delete --force` does
+    wait_operator_ready(cluster)
+    check_recovered(cluster, namespace, name, 3, 3, 7)
+
+    # (c) after fencing, before the relaunch: freeze at Restarting, let the old pods go, then kill
+    first_delete(cluster, namespace, name, 3)
+    wait_phase(cluster, namespace, name, c.RESTARTING, timeout=60)
+    pid = freeze_operator(cluster)
+    assert job_status(cluster, namespace, name)["phase"] == c.RESTARTING
+    wait_for(lambda: not job_pods(cluster, namespace, name), 60, "attempt 3 fenced while the operator is frozen")
+    kill_frozen_operator(cluster, pid)
+    check_recovered(cluster, namespace, name, 4, 3, 7)
+
+    # (d) some new pods created: freeze at Starting, remove one new pod behind its back (the state of a
+    #     crash part-way through the creates), then kill
+    first_delete(cluster, namespace, name, 4)
+
+    def starting_with_pods() -> bool:
+        st = job_status(cluster, namespace, name)
+        new = [p for p in job_pods(cluster, namespace, name) if p.metadata.labels[c.LABEL_ATTEMPT] == "5"]
+        return st.get("phase") == c.STARTING and st.get("attempt") == 5 and bool(new)
+
+    wait_for(starting_with_pods, 90, "attempt 5 starting with some pods", interval=0.05)
+    pid = freeze_operator(cluster)
+    new = [p for p in job_pods(cluster, namespace, name) if p.metadata.labels[c.LABEL_ATTEMPT] == "5"]
+    print(f"(d) frozen with {len(new)} of 3 attempt-5 pods created")
+    for pod in new[:1]:
+        core(cluster).delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    wait_for(lambda: new[0].metadata.name not in {p.metadata.name for p in job_pods(cluster, namespace, name)},
+             30, "the removed pod gone")  # fmt: skip
+    kill_frozen_operator(cluster, pid)
+    status = check_recovered(cluster, namespace, name, 5, 3, 7)
+    assert [h["attempt"] for h in status["history"]] == [1, 2, 3, 4, 5]
+    assert status["restarts"] == {"infrastructure": 4, "application": 0, "planned": 0}
+    # events describe each restart once
+    story = events(cluster, namespace, name)
+    started = [e for e in story if e.startswith(c.REASON_STARTED)]
+    assert len(started) == 5, started
+
+
+# ---- 2. kube-apiserver restarted ------------------------------------------------------------------------
+@pytest.mark.timeout(420)
+@pytest.mark.xfail(strict=False, reason="an API-server outage longer than nodeLossTimeoutSeconds makes every lease "
+                   "look stale: core/nodes.py node_loss counts it as node loss; see the issue-7 report")
+def test_apiserver_restarted_while_running_and_during_recovery(cluster: Cluster, namespace: str) -> None:
+    name = "apirs"
+    flag = f"{MOUNT}/{namespace}-{name}.done"
+    apply(cluster, job_manifest(name, namespace, replicas=2, script=slow_stop_script(flag),
+                                nodeLossTimeoutSeconds=30))  # fmt: skip
+    running_attempt(cluster, namespace, name, 1, 2)
+    t0 = time.monotonic()
+    restart_component(cluster, "kube-apiserver", down_seconds=3)
+    print(f"\napiserver back after {time.monotonic() - t0:.1f}s")
+    # the watches are back: a pod deleted now is noticed
+    first_delete(cluster, namespace, name, 1)
+    running_attempt(cluster, namespace, name, 2, 2, timeout=150)
+    # restarted while a recovery is in progress
+    first_delete(cluster, namespace, name, 2)
+    wait_phase(cluster, namespace, name, c.RESTARTING, timeout=60)
+    restart_component(cluster, "kube-apiserver", down_seconds=3)
+    running_attempt(cluster, namespace, name, 3, 2, timeout=150)
+    assert_single_attempt(cluster, namespace, name, 3, 2)
+    status = job_status(cluster, namespace, name)
+    assert_consistent_status(status)
+    assert status["restarts"] == {"infrastructure": 2, "application": 0, "planned": 0}, status["restarts"]
+    # and it completes
+    cluster.host_path(f"{HOST_DIR}/{namespace}-{name}.done").touch()
+    status = wait_phase(cluster, namespace, name, c.SUCCEEDED, timeout=90)
+    assert status["attempt"] == 3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=False, reason="racy until core/nodes.py stops counting lease age across API outages")
+def test_apiserver_outage_longer_than_node_loss_timeout_restarts_nothing(cluster: Cluster, namespace: str) -> None:
+    """Heartbeats cannot be written while the API server is down; that is not node loss."""
+    name = "apilong"
+    apply(cluster, job_manifest(name, namespace, replicas=2, nodeLossTimeoutSeconds=6))
+    running_attempt(cluster, namespace, name, 1, 2)
+    restart_component(cluster, "kube-apiserver", down_seconds=8)
+    # give the operator (and its watches) time to look at the stale-looking leases
+    wait_for(lambda: all(cluster.node_ready(n) for n in NODES), 90, "nodes Ready again")
+    time.sleep(8)  # a window for a spurious restart to show (nothing to wait for if none happens)
+    status = job_status(cluster, namespace, name)
+    assert status["attempt"] == 1 and status["restarts"]["infrastructure"] == 0, status.get("lastFailure")
+
+
+# ---- 3. etcd frozen ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_etcd_frozen_briefly_then_job_recovers_and_completes(cluster: Cluster, namespace: str) -> None:
+    name = "etcd"
+    flag = f"{MOUNT}/{namespace}-{name}.done"
+    apply(cluster, job_manifest(name, namespace, replicas=2, script=slow_stop_script(flag),
+                                nodeLossTimeoutSeconds=30))  # fmt: skip
+    running_attempt(cluster, namespace, name, 1, 2)
+    signal_component(cluster, "etcd", signal.SIGSTOP)
+    try:
+        time.sleep(5)  # the outage being injected
+    finally:
+        signal_component(cluster, "etcd", signal.SIGCONT)
+    wait_for(lambda: cluster.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, 60, "API ready")
+    first_delete(cluster, namespace, name, 1)
+    # frozen again while the recovery runs
+    wait_phase(cluster, namespace, name, c.RESTARTING, timeout=60)
+    signal_component(cluster, "etcd", signal.SIGSTOP)
+    try:
+        time.sleep(4)
+    finally:
+        signal_component(cluster, "etcd", signal.SIGCONT)
+    running_attempt(cluster, namespace, name, 2, 2, timeout=150)
+    status = job_status(cluster, namespace, name)
+    assert_consistent_status(status)
+    assert status["restarts"]["infrastructure"] == 1
+    cluster.host_path(f"{HOST_DIR}/{namespace}-{name}.done").touch()
+    wait_phase(cluster, namespace, name, c.SUCCEEDED, timeout=90)
+
+
+# ---- 4. a flapping node --------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_flapping_node_within_timeout_no_restart_past_it_exactly_one(cluster: Cluster, namespace: str) -> None:
+    name = "flap"
+    timeout = 15  # > the controller-manager's 8 s grace, so the node is seen NotReady and back in time
+    apply(cluster, job_manifest(name, namespace, replicas=2, min_replicas=1, nodeLossTimeoutSeconds=timeout))
+    pods = running_attempt(cluster, namespace, name, 1, 2)
+    node = node_of(pods, "1")
+    pause_node_agent(cluster, node)
+    try:
+        wait_for(lambda: not cluster.node_ready(node), 30, f"{node} NotReady")
+    finally:
+        resume_node_agent(cluster, node)
+    wait_for(lambda: cluster.node_ready(node), 30, f"{node} Ready again")
+    time.sleep(timeout - 6)  # past the moment a miscounted flap would have become a loss
+    status = job_status(cluster, namespace, name)
+    assert status["attempt"] == 1 and status["restarts"]["infrastructure"] == 0, status.get("lastFailure")
+    assert_single_attempt(cluster, namespace, name, 1, 2)
+
+    # now past the timeout: exactly one restart, even though the node comes back afterwards
+    pause_node_agent(cluster, node)
+    try:
+        status = wait_for(lambda: (s := job_status(cluster, namespace, name))["restarts"]["infrastructure"] >= 1
+                          and s, 60, "the loss recorded")  # fmt: skip
+    finally:
+        resume_node_agent(cluster, node)
+    assert status["lastFailure"]["node"] == node
+    assert status["lastFailure"]["reason"] in (c.REASON_NODE_LOST,)
+    running_attempt(cluster, namespace, name, 2, 2, timeout=120)
+    wait_for(lambda: cluster.node_ready(node), 30, f"{node} Ready again")
+    time.sleep(3)  # a window for a second, spurious restart to show
+    status = job_status(cluster, namespace, name)
+    assert status["attempt"] == 2 and status["restarts"]["infrastructure"] == 1
+    assert_consistent_status(status)
+
+
+# ---- 5. many jobs, several nodes killed ---------------------------------------------------------------------
+@pytest.mark.timeout(480)
+@pytest.mark.xfail(run=False, reason="render.avoid_nodes puts several names in one matchFields NotIn: the API server "
+                   "rejects the pod (422) once 2+ nodes are lost; see the issue-7 report")
+def test_many_jobs_with_nodes_killed_each_recovers_or_waits(cluster: Cluster, namespace: str) -> None:
+    small = [f"s{i}" for i in range(12)]
+    for name in small:
+        apply(cluster, tiny_job(name, namespace))
+    apply(cluster, job_manifest("gpu", namespace, replicas=3, min_replicas=3))
+    gpu_pods = running_attempt(cluster, namespace, "gpu", 1, 3, timeout=150)
+    placed = {n: node_of(running_attempt(cluster, namespace, n, 1, 1, timeout=150), "0") for n in small}
+    dead = sorted({node_of(gpu_pods, "0"), node_of(gpu_pods, "1")})
+    t0 = time.monotonic()
+    for node in dead:
+        cluster.kill_node(node)
+    hit = [n for n, node in placed.items() if node in dead]
+    print(f"\n{len(small)} small jobs; killed {dead}; {len(hit)} small jobs had their worker there")
+    for n in hit:
+        new = running_attempt(cluster, namespace, n, 2, 1, timeout=150)
+        assert new[0].spec.node_name not in dead
+    waited = wait_phase(cluster, namespace, "gpu", c.WAITING_FOR_CAPACITY, timeout=90)
+    print(f"all hit jobs relaunched, big job waiting: {time.monotonic() - t0:.1f}s")
+    cond = {x["type"]: x for x in waited["conditions"]}[c.COND_CAPACITY]
+    assert cond["status"] == "False" and cond["reason"] == c.REASON_BELOW_MIN
+    for n in small:
+        st = job_status(cluster, namespace, n)
+        want = 2 if n in hit else 1
+        assert st["phase"] == c.RUNNING and st["attempt"] == want, (n, st.get("phase"), st.get("attempt"))
+        assert_single_attempt(cluster, namespace, n, want, 1)
+        assert_consistent_status(st)
+    # capacity returns: the waiting job starts again, exactly once
+    cluster.restore_node(dead[0])
+    running_attempt(cluster, namespace, "gpu", 2, 3, timeout=150)
+    assert_consistent_status(job_status(cluster, namespace, "gpu"))
+
+
+# ---- 8. retention when a node dies during a save -----------------------------------------------------------
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(tmp_path: Path) -> None:
+    """The real trainer (tiny_gpt, 2 ranks, gloo) saving every step with keep-last 1, all its processes
+    SIGKILLed at once (the node dies) while saves are in flight, twice: the second run resumes from
+    the first's checkpoint. Run as local processes, not pods: the same code and files, without the
+    per-pod start-up that would not fit this suite's time on a 2-core machine."""
+    import threading
+
+    from resilient_trainer import layout
+    from tests.trainer.harness import SMALL_MODEL, Launcher, parse
+
+    root = tmp_path / "ckpt"
+    store = layout.LocalStore(str(root))
+    common = [*SMALL_MODEL, "--global-batch", "8", "--micro-batch", "2", "--steps", "100000",
+              "--checkpoint-every", "1", "--keep-last", "1", "--collective-timeout", "20",
+              "--checkpoint-root", str(root)]  # fmt: skip
+    seen: list[int] = []  # newest complete step observed while the run was alive
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                latest = layout.latest_complete(store)
+            except OSError:
+                latest = None
+            if latest and (not seen or latest.step > seen[-1]):
+                seen.append(latest.step)
+            time.sleep(0.02)
+
+    launcher = Launcher(tmp_path)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run = launcher.start(2, common)
+        wait_for(lambda: len(parse(run.output(0), "RTJ_CHECKPOINT")) >= 4, 180, "four saves", interval=0.1)
+        run.kill()  # every rank at once, mid-save (it saves every step)
+        time.sleep(0.2)  # let the watcher take one more look
+        first = layout.latest_complete(store)
+        assert first is not None and seen and first.step >= seen[-1], (seen, first)
+        print(f"\nrun 1 killed: newest complete seen {seen[-1]}, on disk {first.step}, dirs {layout.step_dirs(store)}")
+
+        resume = first.path
+        run = launcher.start(2, [*common, "--resume-from", resume])
+        wait_for(lambda: parse(run.output(0), "RTJ_RESUMED") and len(parse(run.output(0), "RTJ_CHECKPOINT")) >= 4,
+                 180, "resumed and four more saves", interval=0.1)  # fmt: skip
+        assert parse(run.output(0), "RTJ_RESUMED")[0]["from"] == resume
+        for _ in range(3):  # and while it keeps saving: the resume source is never deleted
+            assert layout.check_step(store, Path(resume).name).complete
+            time.sleep(0.3)
+        run.kill()
+        time.sleep(0.2)
+        second = layout.latest_complete(store)
+        assert second is not None and second.step >= seen[-1] > first.step, (seen, second)
+        assert layout.check_step(store, Path(resume).name).complete, "the resume source was deleted"
+        print(f"run 2 killed: newest complete seen {seen[-1]}, on disk {second.step}, dirs {layout.step_dirs(store)}")
+    finally:
+        stop.set()
+        launcher.cleanup()
