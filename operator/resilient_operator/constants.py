@@ -41,6 +41,7 @@ COND_STORAGE = "CheckpointStorageReady"
 COND_SUSPENDED = "Suspended"
 COND_SUCCEEDED = "Succeeded"
 COND_FAILED = "Failed"
+COND_NODES_REPORTING = "NodesReporting"
 
 # Failure kinds and the budgets they spend.
 INFRASTRUCTURE = "Infrastructure"
@@ -75,6 +76,8 @@ REASON_STORAGE_OK = "Readable"
 REASON_STORAGE_UNREADABLE = "StorageUnreadable"
 REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
 REASON_NEW_CHECKPOINT = "CheckpointCompleted"
+REASON_DISRUPTION = "ClusterDisruption"
+REASON_HEARTBEATS = "HeartbeatsFlowing"
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
 # Node facts Kubernetes itself defines.

@@ -20,7 +20,7 @@ from typing import Any
 
 from resilient_operator import constants as c
 from resilient_operator.core import failures, nodes, render
-from resilient_operator.core.conditions import set_condition
+from resilient_operator.core.conditions import get_condition, set_condition
 from resilient_operator.core.model import Job, NodeView, PodView
 from resilient_operator.core.plan import Event, Plan
 from resilient_operator.core.timeutil import fmt, parse
@@ -34,6 +34,10 @@ STORAGE_RETRY_SECONDS = 15.0
 MAX_SKIPPED_EVENTS = 3
 # A pod failed while a node may be dying: recheck this often until the nodes prove alive or are lost.
 UNSETTLED_RECHECK_SECONDS = 1.0
+# When more than this share of all nodes looks lost at once, the likelier story is a control-plane or
+# network outage (leases could not be renewed), not dead machines: kube-controller-manager's
+# --unhealthy-zone-threshold makes the same call and stops evicting. We stop restarting.
+DISRUPTION_FRACTION = 0.55
 ACTIVE = (c.STARTING, c.RUNNING)
 
 
@@ -150,6 +154,21 @@ def _lost_node_names(ctx: _Ctx, pods: Sequence[PodView]) -> set[str]:
     return set(failures.lost_nodes(pods, ctx.nodes, ctx.now, ctx.timeout()))
 
 
+def _cluster_disrupted(ctx: _Ctx) -> bool:
+    """Most nodes look lost at once: hold still (no fencing, no restart) until heartbeats resume."""
+    lost, total = len(_all_lost_nodes(ctx)), len(ctx.nodes)
+    disrupted = total > 0 and lost / total > DISRUPTION_FRACTION
+    if disrupted:
+        message = (f"{lost} of {total} nodes look lost at once, as after a control-plane or network outage; "
+                   "not restarting until node heartbeats resume")  # fmt: skip
+        if ctx.condition(c.COND_NODES_REPORTING, False, c.REASON_DISRUPTION, message):
+            ctx.event("Warning", c.REASON_DISRUPTION, message)
+        ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
+    elif (cond := get_condition(ctx.status, c.COND_NODES_REPORTING)) and cond["status"] == "False":
+        ctx.condition(c.COND_NODES_REPORTING, True, c.REASON_HEARTBEATS, "node heartbeats are flowing again")
+    return disrupted
+
+
 def _all_lost_nodes(ctx: _Ctx) -> list[str]:
     """Every node we count as lost, whether or not Kubernetes has noticed yet."""
     return sorted(n for n, view in ctx.nodes.items() if nodes.node_loss(n, view, ctx.now, ctx.timeout()))
@@ -197,6 +216,8 @@ def _watch_attempt(ctx: _Ctx) -> None:
     all_created = ctx.phase == c.RUNNING
     if failures.all_succeeded(current, replicas):
         _succeed(ctx)
+        return
+    if _cluster_disrupted(ctx):
         return
     failure = failures.detect(current, replicas, all_created, ctx.nodes, ctx.now, ctx.timeout())
     if failure:
