@@ -158,8 +158,6 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
 
 # ---- 2. kube-apiserver restarted ------------------------------------------------------------------------
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(strict=False, reason="an API-server outage longer than nodeLossTimeoutSeconds makes every lease "
-                   "look stale: core/nodes.py node_loss counts it as node loss; see the issue-7 report")
 def test_apiserver_restarted_while_running_and_during_recovery(cluster: Cluster, namespace: str) -> None:
     name = "apirs"
     flag = f"{MOUNT}/{namespace}-{name}.done"
@@ -188,7 +186,6 @@ def test_apiserver_restarted_while_running_and_during_recovery(cluster: Cluster,
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=False, reason="racy until core/nodes.py stops counting lease age across API outages")
 def test_apiserver_outage_longer_than_node_loss_timeout_restarts_nothing(cluster: Cluster, namespace: str) -> None:
     """Heartbeats cannot be written while the API server is down; that is not node loss."""
     name = "apilong"
@@ -270,8 +267,6 @@ def test_flapping_node_within_timeout_no_restart_past_it_exactly_one(cluster: Cl
 
 # ---- 5. many jobs, several nodes killed ---------------------------------------------------------------------
 @pytest.mark.timeout(480)
-@pytest.mark.xfail(run=False, reason="render.avoid_nodes puts several names in one matchFields NotIn: the API server "
-                   "rejects the pod (422) once 2+ nodes are lost; see the issue-7 report")
 def test_many_jobs_with_nodes_killed_each_recovers_or_waits(cluster: Cluster, namespace: str) -> None:
     small = [f"s{i}" for i in range(12)]
     for name in small:

@@ -373,8 +373,6 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="core/reconcile.py _watch_attempt re-creates missing pods "
-                   "in Starting but never the headless Service; see the issue-7 report")  # fmt: skip
 def test_service_exists_after_a_failure_between_status_write_and_creates(cluster: Cluster, namespace: str) -> None:
     """The state of an operator that crashed after writing attempt 1 but before creating the Service: here
     the Service create is refused (RBAC) for a while, then allowed. The job must end with its Service."""
