@@ -430,16 +430,27 @@ class PodRuntime(threading.Thread):
                 i += 1
         return "".join(out)
 
+    def image(self, c: dict[str, Any]) -> dict[str, Any] | None:
+        """What the container's image would supply (longest matching name substring), or None."""
+        image = c.get("image", "")
+        table = self.agent.cfg["image_entrypoints"]
+        matches = [k for k in table if k in image]
+        if not matches:
+            return None
+        value = table[max(matches, key=len)]
+        return {"command": value} if isinstance(value, list) else value
+
     def argv_for(self, c: dict[str, Any], env: dict[str, str]) -> list[str]:
-        """command+args, or the image's mapped entrypoint when there is no command."""
-        command = c.get("command")
-        if not command:
-            image = c.get("image", "")
-            matches = [k for k in self.agent.cfg["image_entrypoints"] if k in image]
-            if not matches:
-                raise RuntimeError(f"image {image!r} has no local entrypoint mapping and no command")
-            command = self.agent.cfg["image_entrypoints"][max(matches, key=len)]
-        return [self.expand(a, env) for a in [*command, *(c.get("args") or [])]]
+        """Kubernetes' rule: `command` replaces ENTRYPOINT (and drops CMD); `args` replaces CMD."""
+        command, args = c.get("command"), c.get("args")
+        if command:
+            argv = [*command, *(args or [])]
+        else:
+            img = self.image(c)
+            if not img or not img.get("command"):
+                raise RuntimeError(f"image {c.get('image')!r} has no local entrypoint mapping and no command")
+            argv = [*img["command"], *(args if args is not None else img.get("args") or [])]
+        return [self.expand(a, env) for a in argv]
 
     def start_container(self, ctr: Container) -> None:
         """Launch one container process in the pod's namespaces."""
@@ -485,11 +496,13 @@ class PodRuntime(threading.Thread):
         psc = self.pod["spec"].get("securityContext") or {}
         csc = c.get("securityContext") or {}
         out: dict[str, Any] = {"readOnlyRootFilesystem": bool(csc.get("readOnlyRootFilesystem"))}
-        uid = csc.get("runAsUser", psc.get("runAsUser"))
-        if uid:  # unset means the image's user, which is root for every image mapped here
+        img = self.image(c) or {}
+        # Unset means the image's USER (from the image map; root for unmapped images).
+        uid = csc.get("runAsUser", psc.get("runAsUser", img.get("user", 0)))
+        if uid:
             groups = [*(psc.get("supplementalGroups") or []), *([psc["fsGroup"]] if "fsGroup" in psc else [])]
-            out["user"] = {"uid": int(uid), "gid": int(csc.get("runAsGroup", psc.get("runAsGroup", 0))),
-                           "groups": sorted({int(g) for g in groups})}
+            gid = csc.get("runAsGroup", psc.get("runAsGroup", img.get("group", 0)))
+            out["user"] = {"uid": int(uid), "gid": int(gid), "groups": sorted({int(g) for g in groups})}
             out["expose"] = [sys.base_prefix]
             if "HOME" not in {e["name"] for e in c.get("env") or []}:
                 env["HOME"] = "/"  # what runtimes set for a uid without a passwd entry
