@@ -255,7 +255,9 @@ def restart_component(cl: Cluster, name: str, down_seconds: float = 0.0, timeout
     import time
 
     comp = cl.components[name]
-    args = [str(a) for a in comp.proc.args]  # type: ignore[union-attr]
+    argv = [str(a) for a in comp.proc.args]  # type: ignore[union-attr]
+    # the flags follow the binary (the harness may start it through a wrapper such as `nice`)
+    flags = argv[next(i for i, a in enumerate(argv) if a.endswith(f"/{name}")) + 1:]
     comp.proc.terminate()
     try:
         comp.proc.wait(timeout=30)
@@ -264,7 +266,7 @@ def restart_component(cl: Cluster, name: str, down_seconds: float = 0.0, timeout
         comp.proc.wait(timeout=10)
     if down_seconds:
         time.sleep(down_seconds)
-    cl._spawn(name, args[1:])  # same binary (bin_dir/<name>), same flags, same log file (appended)
+    cl._spawn(name, flags)  # same binary (bin_dir/<name>), same flags, same log file (appended)
     cl._save()
     wait_for(lambda: api_ready(cl), timeout, f"the API server ready after restarting {name}")
 

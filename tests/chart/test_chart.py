@@ -36,7 +36,6 @@ RBAC = {
     ("", "nodes"): {"get", "list", "watch"},  # node loss, capacity
     ("coordination.k8s.io", "leases"): {"get", "list", "watch"},  # node heartbeats (kube-node-lease)
     ("", "events"): {"create", "patch"},  # kubectl describe tells the story; kopf's own events
-    ("events.k8s.io", "events"): {"create", "patch"},
 }
 
 LABEL_KEYS = (
