@@ -26,7 +26,7 @@ from resilient_operator.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 JobKey = tuple[str, str]
 ERROR_RETRY_SECONDS = 1.0
-MAX_ERROR_RETRY_SECONDS = 60.0
+MAX_ERROR_RETRY_SECONDS = 10.0  # an API outage should not delay recovery by more than this
 
 
 @dataclass

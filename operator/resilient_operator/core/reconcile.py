@@ -38,6 +38,10 @@ UNSETTLED_RECHECK_SECONDS = 1.0
 # network outage (leases could not be renewed), not dead machines: kube-controller-manager's
 # --unhealthy-zone-threshold makes the same call and stops evicting. We stop restarting.
 DISRUPTION_FRACTION = 0.55
+# Level-triggered safety nets for states that wait on events (a watch can miss them across an API
+# outage): fenced pods still terminating, and a job waiting for capacity.
+FENCE_RECHECK_SECONDS = 5.0
+CAPACITY_RECHECK_SECONDS = 30.0
 ACTIVE = (c.STARTING, c.RUNNING)
 
 
@@ -352,7 +356,8 @@ def _relaunch(ctx: _Ctx) -> None:
     leftovers = [p for p in ctx.pods if p.attempt <= ctx.attempt]
     if leftovers:
         _fence(ctx, leftovers)
-        return  # their deletion events bring us back
+        ctx.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
+        return
     if ctx.phase == c.BACKING_OFF:
         retry = parse(st.get("nextRetryTime"))
         if retry and ctx.now < retry:
@@ -368,7 +373,8 @@ def _relaunch(ctx: _Ctx) -> None:
             ctx.event("Warning", c.REASON_BELOW_MIN, message)
         ctx.set_phase(c.WAITING_FOR_CAPACITY)
         ctx.condition(c.COND_CAPACITY, False, c.REASON_BELOW_MIN, message)
-        return  # node events bring us back
+        ctx.plan.look_again(CAPACITY_RECHECK_SECONDS)  # node events normally bring us back first
+        return
     ctx.condition(c.COND_CAPACITY, True, c.REASON_ENOUGH, f"the healthy nodes hold {cap} workers")
     if not _storage_ok(ctx):
         return  # the storage condition says why; retried on a timer
