@@ -349,16 +349,19 @@ class Cluster:
                  timeout, "default ServiceAccount")
         self._save()
 
-    def restart_component(self, name: str, *, down_seconds: float = 0.0, timeout: float = 120) -> None:
-        """Stop a control-plane process (SIGTERM, then SIGKILL) and start it again with the same flags.
+    def restart_component(self, name: str, *, down_seconds: float = 0.0, grace: float = 5.0,
+                          timeout: float = 120) -> None:
+        """Stop a control-plane process (SIGTERM, `grace` seconds, SIGKILL) and start it again, same flags.
 
         `down_seconds` keeps it down that long (an injected outage); waits for the apiserver's /readyz.
+        The apiserver stops listening at once on SIGTERM but can linger ~30 s draining long-running
+        requests, so a long `grace` turns a short outage into a long one.
         """
         comp = self.components[name]
         args = [str(a) for a in comp.proc.args][1:]  # type: ignore[union-attr]
         comp.proc.terminate()
         try:
-            comp.proc.wait(timeout=30)
+            comp.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             comp.proc.kill()
             comp.proc.wait(timeout=10)

@@ -491,3 +491,24 @@ def test_exec_readiness_and_liveness_probes(rtj_cluster: Any, core: client.CoreV
     p = wait_pod(core, namespace, "unhealthy", lambda p: bool(p.status.container_statuses) and
                  p.status.container_statuses[0].restart_count >= 1, 40)
     assert p.status.phase == "Running"
+
+
+@pytest.mark.timeout(90)
+def test_nodes_and_pods_survive_an_apiserver_restart(rtj_cluster: Any, core: client.CoreV1Api,
+                                                      namespace: str) -> None:
+    core.create_namespaced_pod(namespace, pod("steady", "import time\nwhile True: time.sleep(1)"))
+    wait_pod(core, namespace, "steady", phase_in("Running"), 45)
+    rtj_cluster.restart_component("kube-apiserver", down_seconds=2)
+    fresh = client.CoreV1Api(rtj_cluster.api_client())
+    assert fresh.read_namespaced_pod("steady", namespace).status.phase == "Running"
+    fresh.delete_namespaced_pod("steady", namespace, grace_period_seconds=1)  # the agent's watch is back
+
+    def gone() -> bool:
+        try:
+            fresh.read_namespaced_pod("steady", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 30, "pod deleted through re-established watches")
+    assert all(rtj_cluster.node_ready(n) for n in ("node-1", "node-2", "node-3"))
