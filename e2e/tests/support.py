@@ -245,30 +245,8 @@ def api_ready(cl: Cluster) -> bool:
 
 
 def restart_component(cl: Cluster, name: str, down_seconds: float = 0.0, timeout: float = 120) -> None:
-    """Stop a control-plane process (SIGTERM, then SIGKILL) and start it again with the same arguments.
-
-    `down_seconds` keeps it down that long (the outage being injected, not a synchronisation wait).
-    Waits until the API server answers /readyz again. cluster.json is rewritten so the harness's
-    teardown finds the new pid.
-    """
-    import subprocess
-    import time
-
-    comp = cl.components[name]
-    argv = [str(a) for a in comp.proc.args]  # type: ignore[union-attr]
-    # the flags follow the binary (the harness may start it through a wrapper such as `nice`)
-    flags = argv[next(i for i, a in enumerate(argv) if a.endswith(f"/{name}")) + 1:]
-    comp.proc.terminate()
-    try:
-        comp.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        comp.proc.kill()
-        comp.proc.wait(timeout=10)
-    if down_seconds:
-        time.sleep(down_seconds)
-    cl._spawn(name, flags)  # same binary (bin_dir/<name>), same flags, same log file (appended)
-    cl._save()
-    wait_for(lambda: api_ready(cl), timeout, f"the API server ready after restarting {name}")
+    """Stop a control-plane process and start it again with the same flags (the harness does it)."""
+    cl.restart_component(name, down_seconds=down_seconds, timeout=timeout)
 
 
 def signal_component(cl: Cluster, name: str, sig: int) -> None:
