@@ -609,6 +609,8 @@ class PodRuntime(threading.Thread):
                 self.removed.set()
             else:
                 LOG.warning("status %s/%s: %s", self.ns, self.pod_name, exc)
+        except OSError as exc:  # the API server is away (restarting): the next call retries, as a kubelet does
+            LOG.warning("status %s/%s: %s", self.ns, self.pod_name, exc)
 
     # ------------------------------------------------------------ probes
     def probe(self, ctr: Container, kind: str) -> bool | None:
@@ -799,14 +801,21 @@ class PodRuntime(threading.Thread):
         self.send_status()
         while self.deleting is False and not self.removed.is_set():
             # Terminal pods stay until someone deletes them (GC, the job's owner, a user).
+            self.send_status()  # a no-op once written; retries a status lost to an API outage
             self.wake.wait(1)
             self.wake.clear()
-        if self.removed.is_set():
-            return
-        with contextlib.suppress(ApiError):
-            self.agent.api.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{self.pod_name}",
-                                   {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                                    "preconditions": {"uid": self.uid}})
+        while not self.removed.is_set():  # the final delete, retried across API outages like a kubelet
+            try:
+                self.agent.api.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{self.pod_name}",
+                                       {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                        "preconditions": {"uid": self.uid}})
+                return
+            except ApiError:
+                return  # gone already, or another uid took the name
+            except OSError as exc:
+                LOG.warning("delete %s/%s: %s; retrying", self.ns, self.pod_name, exc)
+                self.wake.wait(1)
+                self.wake.clear()
 
 
 class KubeletServer(threading.Thread):
