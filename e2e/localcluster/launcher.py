@@ -72,10 +72,15 @@ def main() -> None:
     # first: an earlier mount (an emptyDir on /tmp, say) may hide a later source.
     mounts = sorted(spec["mounts"], key=lambda m: len(os.path.normpath(m["target"]).split("/")))
     sources = [os.open(m["source"], os.O_PATH) for m in mounts]
+    keep = {path: os.open(path, os.O_PATH) for path in spec.get("keep") or [] if os.path.isdir(path)}
     for m, fd in zip(mounts, sources, strict=True):
         _ensure_target(f"/proc/self/fd/{fd}", m["target"])
         _bind(f"/proc/self/fd/{fd}", m["target"], bool(m.get("readOnly")))
-    for fd in sources:
+    for path, fd in keep.items():  # bring back what a volume mounted over an ancestor hid
+        if not os.path.isdir(path) or not os.path.samestat(os.stat(path), os.fstat(fd)):
+            os.makedirs(path, exist_ok=True)
+            _bind(f"/proc/self/fd/{fd}", path, read_only=True)
+    for fd in [*sources, *keep.values()]:
         os.close(fd)
     socket.sethostname(spec["hostname"])
     os.setpriority(os.PRIO_PROCESS, 0, 0)  # the agent runs at nice -5; containers at the default

@@ -32,6 +32,7 @@ from typing import Any
 from . import network
 
 LOG = logging.getLogger("node-agent")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = Path(__file__).with_name("launcher.py")
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LEASE_RENEW_S = 2.0
@@ -495,7 +496,10 @@ class PodRuntime(threading.Thread):
             return {}
         psc = self.pod["spec"].get("securityContext") or {}
         csc = c.get("securityContext") or {}
-        out: dict[str, Any] = {"readOnlyRootFilesystem": bool(csc.get("readOnlyRootFilesystem"))}
+        out: dict[str, Any] = {"readOnlyRootFilesystem": bool(csc.get("readOnlyRootFilesystem")),
+                               # the project and its venv stand in for the image's filesystem: a pod volume
+                               # mounted over an ancestor (an emptyDir on /tmp) must not hide them
+                               "keep": sorted({str(REPO_ROOT), sys.prefix})}
         img = self.image(c) or {}
         # Unset means the image's USER (from the image map; root for unmapped images).
         uid = csc.get("runAsUser", psc.get("runAsUser", img.get("user", 0)))
