@@ -814,8 +814,12 @@ class PodRuntime(threading.Thread):
                                        {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                                         "preconditions": {"uid": self.uid}})
                 return
-            except ApiError:
-                return  # gone already, or another uid took the name
+            except ApiError as exc:
+                if exc.status in (404, 409):
+                    return  # gone already, or another uid took the name
+                LOG.warning("delete %s/%s: %s; retrying", self.ns, self.pod_name, exc)  # 403 while authz warms up
+                self.wake.wait(1)
+                self.wake.clear()
             except OSError as exc:
                 LOG.warning("delete %s/%s: %s; retrying", self.ns, self.pod_name, exc)
                 self.wake.wait(1)
