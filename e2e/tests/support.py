@@ -8,6 +8,8 @@ each) so a job's capacity is exactly the number of live pool nodes.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +102,9 @@ def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
     cluster.wait_for_default_sa(ns)
     yield ns
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    for handle in cluster.nodes.values():  # a test that froze an agent (SIGSTOP) must not freeze the next
+        if handle.proc is not None and handle.proc.poll() is None:
+            os.kill(handle.proc.pid, signal.SIGCONT)
     for node in NODES:  # leave every node alive for the next test
         if cluster.nodes[node].killed:
             cluster.restore_node(node)

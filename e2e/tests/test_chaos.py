@@ -98,7 +98,6 @@ def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
 
 
 # ---- 1. the operator killed at each stage of a recovery --------------------------------------------------
-@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace: str) -> None:
     name = "stages"
@@ -234,6 +233,7 @@ def test_etcd_frozen_briefly_then_job_recovers_and_completes(cluster: Cluster, n
 
 
 # ---- 4. a flapping node --------------------------------------------------------------------------------
+@pytest.mark.chaos  # timing-sensitive on 2 shared cores: `make test-chaos`, not the default run
 @pytest.mark.timeout(300)
 def test_flapping_node_within_timeout_no_restart_past_it_exactly_one(cluster: Cluster, namespace: str) -> None:
     name = "flap"
@@ -270,6 +270,7 @@ def test_flapping_node_within_timeout_no_restart_past_it_exactly_one(cluster: Cl
 
 
 # ---- 5. many jobs, several nodes killed ---------------------------------------------------------------------
+@pytest.mark.chaos  # timing-sensitive on 2 shared cores: `make test-chaos`, not the default run
 @pytest.mark.timeout(480)
 def test_many_jobs_with_nodes_killed_each_recovers_or_waits(cluster: Cluster, namespace: str) -> None:
     small = [f"s{i}" for i in range(12)]
@@ -304,7 +305,6 @@ def test_many_jobs_with_nodes_killed_each_recovers_or_waits(cluster: Cluster, na
 
 
 # ---- 8. retention when a node dies during a save -----------------------------------------------------------
-@pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(tmp_path: Path) -> None:
     """The real trainer (tiny_gpt, 2 ranks, gloo) saving every step with keep-last 1, all its processes
