@@ -15,10 +15,9 @@ import argparse
 import statistics
 from typing import Any
 
-from e2e import scenarios
+from e2e import scenarios, support
 from e2e.localcluster import get_cluster
 from e2e.localcluster.cluster import wait_for
-from e2e.tests import support
 
 
 def one_run(cluster: Any, index: int) -> scenarios.Timeline:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from e2e import support
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests import support
 from resilient_operator import constants as c
 
 

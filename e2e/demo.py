@@ -16,10 +16,9 @@ import threading
 import time
 from typing import Any
 
-from e2e import scenarios
+from e2e import scenarios, support
 from e2e.localcluster import get_cluster
 from e2e.localcluster.binaries import ensure_binaries
-from e2e.tests import support
 from resilient_operator import constants as c
 
 NS = "demo"

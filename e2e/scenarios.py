@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests.support import HOST_DIR, MOUNT, get_job, job_pods
+from e2e.support import HOST_DIR, MOUNT, get_job, job_pods
 from resilient_operator import constants as c
 from resilient_trainer import layout
 

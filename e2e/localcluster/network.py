@@ -35,10 +35,18 @@ def _locked() -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _listening_subnets() -> set[int]:
+    """Every X with a socket still bound on 10.X.*: a node agent of a cluster whose bridge is gone (killed
+    mid-run, its teardown cut short) keeps its kubelet port, and a new cluster on that X could not bind."""
+    out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=30, check=False).stdout
+    return {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.\d+\.\d+:\d+", out)}
+
+
 def allocate_bridge() -> tuple[str, int]:
     """Create a bridge on a free 10.X/16 and return (bridge name, X)."""
     with _locked():
         used = {int(m.group(1)) for m in re.finditer(r"inet 10\.(\d+)\.", ip("-o", "-4", "addr").stdout)}
+        used |= _listening_subnets()
         links = ip("-o", "link").stdout
         for x in range(100, 200):
             name = f"rtjbr{x}"

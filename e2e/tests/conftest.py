@@ -5,13 +5,13 @@ from typing import Any
 
 import pytest
 
+from e2e import support
 from e2e.localcluster.pytest_plugin import (  # noqa: F401  (fixtures and hooks re-exported for pytest)
     namespace,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
     rtj_cluster,
 )
-from e2e.tests import support
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests.support import (
+from e2e.support import (
     HOST_DIR,
     MOUNT,
     NODES,
@@ -43,20 +43,11 @@ from e2e.tests.support import (
     wait_operator_ready,
     wait_phase,
 )  # fmt: skip
+from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
 from resilient_operator import constants as c
 from resilient_trainer import contract
 
 pytestmark = [pytest.mark.cluster]
-
-
-@pytest.fixture
-def cluster(operator_cluster: Cluster) -> Cluster:
-    return operator_cluster
-
-
-@pytest.fixture
-def namespace(job_ns: str) -> str:
-    return job_ns
 
 
 def slow_stop_script(done_flag: str | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests.support import (
+from e2e.support import (
     HOST_DIR,
     MOUNT,
     OPERATOR_NS,
@@ -30,20 +30,11 @@ from e2e.tests.support import (
     running_attempt,
     worker_script,
 )  # fmt: skip
+from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
 from resilient_operator import constants as c
 from resilient_trainer import contract
 
 pytestmark = [pytest.mark.cluster]
-
-
-@pytest.fixture
-def cluster(operator_cluster: Cluster) -> Cluster:
-    return operator_cluster
-
-
-@pytest.fixture
-def namespace(job_ns: str) -> str:
-    return job_ns
 
 
 @pytest.mark.timeout(240)

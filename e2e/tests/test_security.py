@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests.support import (
+from e2e.support import (
     HOST_DIR,
     MOUNT,
     OPERATOR_NS,
@@ -43,21 +43,12 @@ from e2e.tests.support import (
     wait_operator_ready,
     wait_phase,
 )  # fmt: skip
+from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
 from resilient_operator import constants as c
 from resilient_trainer import layout
 from tests.contracts.test_crd import INVALID
 
 pytestmark = [pytest.mark.cluster]
-
-
-@pytest.fixture
-def cluster(operator_cluster: Cluster) -> Cluster:
-    return operator_cluster
-
-
-@pytest.fixture
-def namespace(job_ns: str) -> str:
-    return job_ns
 
 
 def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:

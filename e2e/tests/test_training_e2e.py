@@ -17,7 +17,7 @@ import pytest
 
 from e2e import scenarios
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.tests.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt
+from e2e.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt
 from resilient_operator import constants as c
 from resilient_trainer import contract, layout
 
