@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from e2e.localcluster.binaries import REPO_ROOT
 from e2e.localcluster.cluster import Cluster, wait_for
 from resilient_operator import constants as c
 from resilient_trainer import contract
 from resilient_trainer.layout import step_dir_name
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 CHART = ROOT / "charts" / "resilient-training-operator"
 RELEASE = "rtj"
 OPERATOR_NS = "rtj-system"

@@ -80,11 +80,14 @@ class Api:
                                                            "Accept": "application/json"})
             resp = conn.getresponse()
             text = resp.read().decode()
-            if resp.status >= 300:
-                raise ApiError(resp.status, text)
-            return json.loads(text) if text else None
+        except http.client.HTTPException as exc:
+            # The server went away mid-answer (a restart): callers treat it like a refused connection.
+            raise ConnectionError(f"{method} {path}: {exc!r}") from exc
         finally:
             conn.close()
+        if resp.status >= 300:
+            raise ApiError(resp.status, text)
+        return json.loads(text) if text else None
 
     def patch(self, path: str, body: Any, strategic: bool = True) -> Any:
         """Strategic-merge (or JSON-merge) patch."""
@@ -1080,12 +1083,27 @@ class NodeAgent:
                             rt.write_hosts()
 
     def finalize(self, pod: dict[str, Any]) -> None:
-        """Delete a pod with grace 0 once nothing of it runs here."""
+        """Delete a pod with grace 0 once nothing of it runs here; retried across API outages (a refused
+        connection or a 403 while a restarted API server's authorizers warm up), or the pod would stay
+        Terminating for good."""
         meta = pod["metadata"]
-        with contextlib.suppress(ApiError):
-            self.api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                             {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                              "preconditions": {"uid": meta["uid"]}})
+        try:
+            while True:
+                try:
+                    self.api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                     {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                      "preconditions": {"uid": meta["uid"]}})
+                    return
+                except ApiError as exc:
+                    if exc.status in (404, 409):
+                        return
+                    LOG.warning("finalize %s/%s: %s; retrying", meta["namespace"], meta["name"], exc)
+                except OSError as exc:
+                    LOG.warning("finalize %s/%s: %s; retrying", meta["namespace"], meta["name"], exc)
+                time.sleep(1)
+        finally:
+            with self.lock:
+                self.finalizing.discard(meta["uid"])
 
     def runtime_for(self, ns: str, name: str) -> PodRuntime | None:
         """The live pod worker for ns/name, if this node runs it."""

@@ -148,10 +148,6 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
 
 # ---- 2. kube-apiserver restarted ------------------------------------------------------------------------
 @pytest.mark.timeout(420)
-@pytest.mark.skip(reason="substrate limit, not an operator bug: after an API-server restart the simulated kubelets "
-                  "sometimes never finish deleting the fenced pods (they stay Terminating), so the recovery cannot "
-                  "complete; it passes when run alone. The operator side of an API-server restart is covered by "
-                  "test_apiserver_outage_longer_than_node_loss_timeout_restarts_nothing")  # fmt: skip
 def test_apiserver_restarted_while_running_and_during_recovery(cluster: Cluster, namespace: str) -> None:
     name = "apirs"
     flag = f"{MOUNT}/{namespace}-{name}.done"
