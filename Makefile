@@ -34,10 +34,10 @@ test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts
 test-cluster: venv binaries ## The tests against the local Kubernetes control plane
 	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
-test: venv binaries lint ## Everything CI runs: lint, then every test but the timing-sensitive chaos lane
+test: venv binaries lint ## Everything CI runs: lint, then every test but the slow `chaos` sweep
 	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
-test-chaos: venv binaries ## The timing-sensitive chaos scenarios (flapping node, many jobs), kept out of CI
+test-chaos: venv binaries ## The slow sweep kept out of CI: each ClusterRole rule removed in turn must break something
 	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
 chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)
