@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo help venv binaries lint test test-chaos test-unit test-cluster chart bench clean
+.PHONY: demo help venv binaries lint test test-unit test-cluster chart bench clean
 
 demo: venv binaries ## The demo: a training job survives a node loss on a local cluster (DEMO_ARGS=--keep|--kind)
 	$(PY) -m e2e.demo $(DEMO_ARGS)
@@ -34,11 +34,8 @@ test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts
 test-cluster: venv binaries ## The tests against the local Kubernetes control plane
 	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
-test: venv binaries lint ## Everything CI runs: lint, then every test but the slow `chaos` sweep
-	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
-
-test-chaos: venv binaries ## The slow sweep kept out of CI: each ClusterRole rule removed in turn must break something
-	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
+test: venv binaries lint ## Everything CI runs: lint, then every test (unit, chart, trainer, cluster, chaos)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)

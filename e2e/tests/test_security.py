@@ -326,7 +326,6 @@ def _healthy(cl: Cluster, ns: str, name: str) -> bool:
     return any(e.startswith(c.REASON_ALL_RUNNING) for e in events(cl, ns, name))
 
 
-@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full_rules: list[dict[str, Any]]) -> None:
     """Remove one rule, restart the operator, submit a job: it must visibly break (403 in the log, no
