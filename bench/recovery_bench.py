@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e import scenarios, support
 from e2e.localcluster import get_cluster

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         grace = 50 + 300
         say(f"stock Kubernetes would only begin evicting the dead node's pods after ~{grace} s "
             "(node-monitor-grace-period + the NoExecute toleration), and they would stay Terminating")  # fmt: skip
-        final = scenarios.wait_phase(cluster, NS, NAME, c.SUCCEEDED, 900)
+        final = support.wait_phase(cluster, NS, NAME, c.SUCCEEDED, 900)
         rank0 = next(p.metadata.name for p in support.job_pods(cluster, NS, NAME)
                      if p.metadata.labels[c.LABEL_RANK] == "0")  # fmt: skip
         result = scenarios.result_line(scenarios.trainer_log(cluster, NS, rank0)) or {}

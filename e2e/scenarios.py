@@ -142,8 +142,3 @@ def kill_and_time(cluster: Cluster, namespace: str, name: str, node: str, timeou
                 tl.first_step = now
         time.sleep(0.1)
     return tl
-
-
-def wait_phase(cluster: Cluster, namespace: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
-    return wait_for(lambda: (s := get_job(cluster, namespace, name).get("status", {})).get("phase") == phase and s,
-                    timeout, f"{namespace}/{name} to reach {phase}")  # fmt: skip

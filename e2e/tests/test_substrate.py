@@ -512,3 +512,26 @@ def test_nodes_and_pods_survive_an_apiserver_restart(rtj_cluster: Any, core: cli
 
     wait_for(gone, 30, "pod deleted through re-established watches")
     assert all(rtj_cluster.node_ready(n) for n in ("node-1", "node-2", "node-3"))
+
+
+def test_a_subnet_with_a_leftover_listener_is_not_handed_out() -> None:
+    """A node agent that outlived its cluster's bridge still holds its kubelet port on 10.X.i.1; a new
+    cluster on that X could not bind it ("Address already in use"), so X counts as taken."""
+    import socket
+    import uuid
+
+    from e2e.localcluster import network
+
+    link = f"rtjt{uuid.uuid4().hex[:6]}"
+    network.ip("link", "add", link, "type", "bridge")
+    try:
+        network.ip("addr", "add", "10.199.7.1/32", "dev", link)
+        network.ip("link", "set", link, "up")
+        with socket.socket() as listener:
+            listener.bind(("10.199.7.1", 0))
+            listener.listen()
+            network.ip("addr", "del", "10.199.7.1/32", "dev", link)  # the bridge is gone, the socket stays
+            assert 199 in network._listening_subnets()
+        assert 199 not in network._listening_subnets()
+    finally:
+        network.ip("link", "del", link, check=False)

@@ -17,7 +17,7 @@ import pytest
 
 from e2e import scenarios
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt
+from e2e.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
 from resilient_operator import constants as c
 from resilient_trainer import contract, layout
 
@@ -83,7 +83,7 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
     assert injected_env(new[0])[contract.RESUME_FROM] == resumed["path"]
     assert layout.parse_step_dir(Path(resumed["path"]).name) == resumed["step"]
 
-    final = scenarios.wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
     assert final["restarts"]["infrastructure"] == 1 and final["restarts"]["application"] == 0
     rank0 = next(p.metadata.name for p in job_pods(cluster, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
     result = scenarios.result_line(scenarios.trainer_log(cluster, ns, rank0))
@@ -146,7 +146,7 @@ def test_two_losses_then_capacity_returns_and_the_job_grows_back(
     assert second.resumed_step >= first.resumed_step
     for node in (first.node, second.node):
         cluster.restore_node(node)
-    grown = scenarios.wait_phase(cluster, ns, name, c.SUCCEEDED, 600)
+    grown = wait_phase(cluster, ns, name, c.SUCCEEDED, 600)
     history = grown["history"]
     assert [h["replicas"] for h in history][:3] == [4, 3, 2]
     assert history[-1]["replicas"] == 4, history  # grew back at a checkpoint once the nodes returned
@@ -182,7 +182,7 @@ def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
     dead = [node_of(pods, "0"), node_of(pods, "3")]
     for node in dead:
         cluster.kill_node(node)
-    waiting = scenarios.wait_phase(cluster, ns, name, c.WAITING_FOR_CAPACITY, 60)
+    waiting = wait_phase(cluster, ns, name, c.WAITING_FOR_CAPACITY, 60)
     cond = {x["type"]: x for x in waiting["conditions"]}[c.COND_CAPACITY]
     assert cond["status"] == "False" and cond["reason"] == c.REASON_BELOW_MIN
     assert "need at least 3 workers" in cond["message"]
@@ -201,7 +201,7 @@ def test_application_failure_spends_its_own_budget_then_fails(operator_cluster: 
     crash = ("--fail-at-step=3", "--fail-rank=1", "--fail-exit-code=1")
     job = scenarios.example_job(name, ns, steps=20, extra_args=crash, failurePolicy=failure)
     cluster.apply(job)
-    final = scenarios.wait_phase(cluster, ns, name, c.FAILED, 400)
+    final = wait_phase(cluster, ns, name, c.FAILED, 400)
     assert final["restarts"] == {"infrastructure": 0, "application": 1, "planned": 0}
     assert final["lastFailure"]["kind"] == c.APPLICATION and final["lastFailure"]["exitCode"] == 1
     cond = {x["type"]: x for x in final["conditions"]}[c.COND_FAILED]
