@@ -42,11 +42,12 @@ class Narrator(threading.Thread):
         while not self.stop.wait(0.5):
             try:
                 table = self.cluster.kubectl("get", "rtj", NAME, "-n", NS, check=False).stdout.strip().splitlines()
-                if len(table) == 2 and table[1] != last_row:
+                # A new line when anything but the AGE column changed.
+                if len(table) == 2 and table[1].rsplit(None, 1)[0] != last_row:
                     if not last_row:
                         say("  kubectl get rtj:  " + table[0])
-                    last_row = table[1]
-                    say("                    " + last_row)
+                    last_row = table[1].rsplit(None, 1)[0]
+                    say("                    " + table[1])
                 for line in support.events(self.cluster, NS, NAME):
                     if line not in seen:
                         seen.add(line)
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                      if p.metadata.labels[c.LABEL_RANK] == "0")  # fmt: skip
         result = scenarios.result_line(scenarios.trainer_log(cluster, NS, rank0)) or {}
         narrator.stop.set()
+        say("  kubectl get rtj:  " + cluster.kubectl("get", "rtj", NAME, "-n", NS).stdout.strip().splitlines()[-1])
         say(f"job {final['phase']}: {result.get('step')} steps, final loss {result.get('loss')}, "
             f"model {result.get('digest', '?')[:23]}..., restarts {final['restarts']}")
         return 0
