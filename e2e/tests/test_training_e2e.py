@@ -95,6 +95,12 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
     story = events(cluster, ns, name)
     assert any(e.startswith(c.REASON_NODE_LOST) and timeline.node in e for e in story), story
     assert any("restarted 4 -> 3 workers" in e for e in story), story
+    # retention (spec.checkpoint.keep, injected) ran through the loss and never took the resume source
+    store = layout.LocalStore(str(scenarios.host_root(cluster, job)))
+    kept = [v for v in layout.scan_newest_first(store) if v.complete]
+    source = layout.check_step(store, layout.step_dir_name(resumed["step"]))
+    assert source.complete, source
+    assert len(kept) <= job["spec"]["checkpoint"]["keep"] + 1, [v.path for v in kept]  # + the resume source
 
 
 @pytest.mark.timeout(600)

@@ -60,6 +60,7 @@ def test_env_round_trip() -> None:
         ({contract.NODE_RANK: "4"}, "PET_NODE_RANK=4 must be < PET_NNODES=4"),
         ({contract.ATTEMPT: "zero"}, "RTJ_ATTEMPT='zero' is not an integer"),
         ({contract.CHECKPOINT_ROOT: ""}, "RTJ_CHECKPOINT_ROOT is not set"),
+        ({contract.CHECKPOINT_KEEP: "0"}, "RTJ_CHECKPOINT_KEEP=0 must be >= 1"),
     ],
 )
 def test_env_errors_name_the_variable(change: dict[str, str], message: str) -> None:
@@ -81,6 +82,18 @@ def test_rendered_pod_carries_exactly_the_contract() -> None:
     assert pod["spec"]["hostname"] == "demo-a3-1" and pod["spec"]["subdomain"] == "demo"
     assert pod["metadata"]["ownerReferences"][0]["controller"] is True
     assert pod["spec"]["automountServiceAccountToken"] is False  # no API token unless the template asks
+
+
+def test_checkpoint_keep_travels_from_the_spec_to_the_trainer() -> None:
+    """spec.checkpoint.keep is the one place a user sets retention: the pod carries it, the trainer reads it."""
+
+    def pod_env(**spec: object) -> dict[str, str]:
+        container = render.pod_manifest(job(**spec), 1, 0, 4, None)["spec"]["containers"][0]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    assert contract.checkpoint_keep(pod_env(checkpoint={"keep": 5})) == 5
+    assert contract.checkpoint_keep(pod_env()) == contract.DEFAULT_CHECKPOINT_KEEP == 3  # the CRD's default
+    assert contract.checkpoint_keep({}) == 3  # a script run outside the operator
 
 
 def test_user_env_is_kept_and_contract_names_win() -> None:

@@ -89,7 +89,7 @@ class Checkpointer:
         ctx: DistContext,
         scheduler: Any | None = None,
         train_state: TrainState | None = None,
-        keep_last: int = 3,
+        keep_last: int | None = None,
         async_save: bool = True,
         writer_factory: WriterFactory | None = None,
     ) -> None:
@@ -102,7 +102,8 @@ class Checkpointer:
         self.scheduler = scheduler
         self.train_state = train_state if train_state is not None else TrainState()
         self.ctx = ctx
-        self.keep_last = keep_last
+        # None: the job's spec.checkpoint.keep, which the operator injects (RTJ_CHECKPOINT_KEEP).
+        self.keep_last = contract.checkpoint_keep() if keep_last is None else keep_last
         self.async_save = async_save
         self.writer_factory = writer_factory or (
             lambda path: FileSystemWriter(path, sync_files=True, overwrite=False)

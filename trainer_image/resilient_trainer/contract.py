@@ -21,6 +21,7 @@ RESUME_FROM = "RTJ_RESUME_FROM"  # absent on a fresh start
 ATTEMPT = "RTJ_ATTEMPT"
 JOB_NAME = "RTJ_JOB_NAME"
 DESIRED_NNODES = "RTJ_DESIRED_NNODES"  # the job's desired worker count, for logs and grow-back
+CHECKPOINT_KEEP = "RTJ_CHECKPOINT_KEEP"  # spec.checkpoint.keep: complete checkpoints the trainer retains
 
 ALL_NAMES = (
     MASTER_ADDR,
@@ -33,9 +34,11 @@ ALL_NAMES = (
     ATTEMPT,
     JOB_NAME,
     DESIRED_NNODES,
+    CHECKPOINT_KEEP,
 )
 
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_CHECKPOINT_KEEP = 3  # the CRD's default for spec.checkpoint.keep
 
 
 class ContractError(ValueError):
@@ -56,6 +59,7 @@ class WorkerEnv:
     checkpoint_root: str
     resume_from: str | None = None
     desired_nnodes: int | None = None
+    checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
 
     @property
     def world_size(self) -> int:
@@ -72,6 +76,7 @@ class WorkerEnv:
             MASTER_ADDR: self.master_addr,
             MASTER_PORT: str(self.master_port),
             CHECKPOINT_ROOT: self.checkpoint_root,
+            CHECKPOINT_KEEP: str(self.checkpoint_keep),
         }
         if self.resume_from:
             env[RESUME_FROM] = self.resume_from
@@ -115,5 +120,20 @@ class WorkerEnv:
             checkpoint_root=req(CHECKPOINT_ROOT),
             resume_from=env.get(RESUME_FROM) or None,
             desired_nnodes=integer(DESIRED_NNODES, desired, 1) if desired else None,
+            checkpoint_keep=checkpoint_keep(env),
         )
+
+
+def checkpoint_keep(environ: Mapping[str, str] | None = None) -> int:
+    """How many complete checkpoints to retain: the job's spec.checkpoint.keep as injected, else the
+    CRD's default (a script run outside the operator)."""
+    env = os.environ if environ is None else environ
+    value = env.get(CHECKPOINT_KEEP) or str(DEFAULT_CHECKPOINT_KEEP)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ContractError(f"{CHECKPOINT_KEEP}={value!r} is not an integer") from None
+    if number < 1:
+        raise ContractError(f"{CHECKPOINT_KEEP}={number} must be >= 1")
+    return number
 

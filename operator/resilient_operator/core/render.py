@@ -72,6 +72,7 @@ def worker_env(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict
         checkpoint_root=job.spec.checkpoint_root,
         resume_from=resume.path if resume else None,
         desired_nnodes=job.spec.replicas,
+        checkpoint_keep=job.spec.keep,
     )
 
 

@@ -144,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--checkpoint-every", type=int, default=10, help="0: only the final checkpoint")
-    p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--keep-last", type=int, default=None,
+                   help=f"complete checkpoints to keep (default ${contract.CHECKPOINT_KEEP}: spec.checkpoint.keep)")
     p.add_argument("--checkpoint-root", default=os.environ.get(contract.CHECKPOINT_ROOT))
     p.add_argument("--resume-from", default=os.environ.get(contract.RESUME_FROM) or None)
     p.add_argument("--blocking-save", action="store_true", help="dcp.save instead of async_save")
