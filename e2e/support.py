@@ -109,9 +109,10 @@ def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
     for node in NODES:  # leave every node alive for the next test
         if cluster.nodes[node].killed:
             cluster.restore_node(node)
-    # pods of a deleted namespace go with it; wait so the next test sees all capacity
+    # Pods of a deleted namespace go with it; wait so the next test sees all capacity. After an API-server
+    # restart the controller-manager's namespace controller can take a minute to act (seen in CI: 60 s).
     wait_for(lambda: not [p for p in core(cluster).list_pod_for_all_namespaces(
-        label_selector=c.LABEL_JOB).items if p.metadata.namespace == ns], 60, f"pods of {ns} gone")  # fmt: skip
+        label_selector=c.LABEL_JOB).items if p.metadata.namespace == ns], 180, f"pods of {ns} gone")  # fmt: skip
 
 
 def apply(cl: Cluster, manifest: dict[str, Any]) -> None:

@@ -154,5 +154,5 @@ def test_example_command_runs_the_example_trainer_through_the_launcher() -> None
     from resilient_trainer.examples.tiny_gpt import parse_args
 
     args = parse_args(script[2:])
-    assert args.keep_last == job["spec"]["checkpoint"]["keep"]
+    assert args.keep_last is None  # retention is spec.checkpoint.keep, injected; never a second copy here
     assert args.checkpoint_every > 0 and args.steps > args.checkpoint_every
