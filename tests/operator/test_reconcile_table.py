@@ -138,6 +138,12 @@ ROWS = [
     Row("fenced pods still terminating: wait for them", job(running_status(phase=c.RESTARTING)),
         four_running(r0=dict(deleting=True), r1=dict(deleting=True)), healthy(4), phase=c.RESTARTING,
         delete={"demo-a1-2", "demo-a1-3"}),
+    Row("another node quiet for half the timeout: wait to see whether it follows the lost one",
+        job(running_status(phase=c.RESTARTING)), [], nodes_with(4, n2=dict(lease_age=12.0), **LOST_LEASE),
+        phase=c.RESTARTING),
+    Row("a node quiet for less than half the timeout is healthy: relaunch", job(running_status(phase=c.RESTARTING)),
+        [], nodes_with(4, n2=dict(lease_age=9.0), **LOST_LEASE), listing=listing(10), phase=c.STARTING,
+        create_attempt=2, create_replicas=3, resume_step=10),
     Row("capacity below minimum: wait with a condition", job(running_status(phase=c.RESTARTING)), [],
         healthy(1), phase=c.WAITING_FOR_CAPACITY, events={c.REASON_BELOW_MIN},
         status={"conditions.CapacityAvailable": "False"}),
@@ -330,3 +336,24 @@ def test_each_lost_node_gets_its_own_field_requirement() -> None:
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
                                    {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]  # fmt: skip
+
+
+def test_nodes_that_die_together_cost_one_restart() -> None:
+    """n3's loss comes due while n2, dead too but renewed later, has only been quiet for 12 s: the relaunch
+    waits until n2 either renews or comes due, so one restart avoids both."""
+    j = job(running_status())
+    both = nodes_with(4, n3=dict(lease_age=25.0), n2=dict(lease_age=12.0))
+    plan = reconcile(j, four_running(), both, listing(10), NOW)
+    assert plan.status["phase"] == c.RESTARTING and plan.status["lastFailure"]["node"] == "n3"
+    plan = reconcile(job(plan.status), [], both, listing(10), NOW)
+    assert plan.create == [] and plan.status["phase"] == c.RESTARTING
+    assert 0 < plan.requeue_after <= 1.0  # look again soon: n2's next renewal or its deadline
+    # 9 s later: n0 and n1 renewed as usual, n2 never did and is past the 20 s timeout as well
+    later = nodes_with(4, n3=dict(lease_age=34.0), n2=dict(lease_age=21.0))
+    plan = reconcile(job(plan.status), [], later, listing(10), NOW)
+    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["demo-a2-0", "demo-a2-1"]
+    assert plan.status["restarts"]["infrastructure"] == 1
+    avoided = pods[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = avoided["nodeSelectorTerms"]
+    assert {v for rule in term["matchFields"] for v in rule["values"]} == {"n2", "n3"}

@@ -110,6 +110,27 @@ def slots(node: NodeView, template: Mapping[str, Any]) -> int:
     return max(0, min(fits))
 
 
+def quiet(
+    nodes: Mapping[str, NodeView], template: Mapping[str, Any], now: datetime, timeout: float
+) -> dict[str, float]:
+    """Nodes that count as capacity but have not renewed their Lease for half the node-loss timeout, with
+    the seconds until they would count as lost.
+
+    Nodes that die together (a rack switch, a power feed) stop renewing at once, but each was last renewed
+    at its own moment, so their losses come due up to one renew interval apart (10 s for a kubelet). When
+    the first is due, the others have been quiet for at least timeout - renew interval, which is half the
+    timeout or more whenever the timeout allows two renewals (the default 20 s does). Waiting for the quiet
+    ones to either renew or come due lets one restart avoid them all, instead of a relaunch onto a node
+    that dies with the others and a second restart; the wait is bounded by half the timeout."""
+    limit = timedelta(seconds=timeout)
+    out: dict[str, float] = {}
+    for name in capacity(nodes, template, now, timeout)[1]:
+        renewed = nodes[name].lease_renewed
+        if renewed is not None and now - renewed >= limit / 2:
+            out[name] = (renewed + limit - now).total_seconds()
+    return out
+
+
 def capacity(
     nodes: Mapping[str, NodeView], template: Mapping[str, Any], now: datetime, timeout: float
 ) -> tuple[int, list[str]]:

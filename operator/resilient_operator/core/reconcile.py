@@ -363,6 +363,10 @@ def _relaunch(ctx: _Ctx) -> None:
         if retry and ctx.now < retry:
             ctx.plan.look_again((retry - ctx.now).total_seconds())
             return
+    if ctx.phase == c.RESTARTING and (silent := nodes.quiet(ctx.nodes, spec.template, ctx.now, ctx.timeout())):
+        # A node that went quiet with the lost one may be about to follow it: see which, then restart once.
+        ctx.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
+        return
     cap, _ = nodes.capacity(ctx.nodes, spec.template, ctx.now, ctx.timeout())
     replicas = choose_replicas(spec.replicas, spec.elastic, cap)
     if replicas is None:
