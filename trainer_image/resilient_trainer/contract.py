@@ -136,4 +136,3 @@ def checkpoint_keep(environ: Mapping[str, str] | None = None) -> int:
     if number < 1:
         raise ContractError(f"{CHECKPOINT_KEEP}={number} must be >= 1")
     return number
-
