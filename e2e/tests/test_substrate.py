@@ -70,6 +70,15 @@ def pod(name: str, script: str, *, node: str | None = None, restart: str = "Neve
     return body
 
 
+def pod_deleted(core: client.CoreV1Api, ns: str, name: str) -> bool:
+    """True once the API has no such pod (a 404), not merely a deletionTimestamp."""
+    try:
+        core.read_namespaced_pod(name, ns)
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
 def phase_in(*phases: str) -> Callable[[Any], bool]:
     """Predicate: pod phase is one of `phases`."""
     return lambda p: p is not None and p.status is not None and p.status.phase in phases
@@ -191,14 +200,7 @@ def test_deleting_a_pod_kills_its_process(rtj_cluster: Any, core: client.CoreV1A
                  20, "process gone")
     wait_for((marker / "sigterm").exists, 20, "the container got SIGTERM first")
 
-    def gone() -> bool:
-        try:
-            core.read_namespaced_pod("victim", namespace)
-        except ApiException as exc:
-            return exc.status == 404
-        return False
-
-    wait_for(gone, 20, "pod object finally deleted by the node")
+    wait_for(lambda: pod_deleted(core, namespace, "victim"), 20, "pod object finally deleted by the node")
 
 
 @pytest.mark.timeout(120)
@@ -503,14 +505,7 @@ def test_nodes_and_pods_survive_an_apiserver_restart(rtj_cluster: Any, core: cli
     assert fresh.read_namespaced_pod("steady", namespace).status.phase == "Running"
     fresh.delete_namespaced_pod("steady", namespace, grace_period_seconds=1)  # the agent's watch is back
 
-    def gone() -> bool:
-        try:
-            fresh.read_namespaced_pod("steady", namespace)
-        except ApiException as exc:
-            return exc.status == 404
-        return False
-
-    wait_for(gone, 30, "pod deleted through re-established watches")
+    wait_for(lambda: pod_deleted(fresh, namespace, "steady"), 30, "pod deleted through re-established watches")
     assert all(rtj_cluster.node_ready(n) for n in ("node-1", "node-2", "node-3"))
 
 
