@@ -122,8 +122,7 @@ def main() -> None:
 
         def phases() -> dict[str, int]:
             out: dict[str, int] = {}
-            for item in support.custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]:
-                st = item.get("status") or {}
+            for st in support.job_statuses(cl, ns).values():
                 key = f"{st.get('phase', 'None')}/a{st.get('attempt', 0)}"
                 out[key] = out.get(key, 0) + 1
             return out
@@ -142,12 +141,12 @@ def main() -> None:
             cl.kill_node(node)
 
         def recovered() -> bool:
-            """Every job Running on a live node; each hit job restarted (a job relaunched onto the second
-            node before that node's loss was due restarts twice: correct, and counted below)."""
-            items = support.custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]
-            if any((i.get("status") or {}).get("phase") != c.RUNNING for i in items):
+            """Every job Running on a live node and each hit job restarted (attempt 2, or 3 if it was ever
+            relaunched onto the second dead node: the attempt counts below show it)."""
+            now = support.job_statuses(cl, ns)
+            if any(st.get("phase") != c.RUNNING for st in now.values()):
                 return False
-            if any((i.get("status") or {}).get("attempt", 0) < 2 for i in items if i["metadata"]["name"] in hit):
+            if any(now[n].get("attempt", 0) < 2 for n in hit):
                 return False
             live = support.core(cl).list_namespaced_pod(ns, label_selector=c.LABEL_JOB).items
             return all(p.spec.node_name not in dead and p.status.phase == "Running" for p in live)

@@ -43,10 +43,11 @@ class Narrator(threading.Thread):
             try:
                 table = self.cluster.kubectl("get", "rtj", NAME, "-n", NS, check=False).stdout.strip().splitlines()
                 # A new line when anything but the AGE column changed.
-                if len(table) == 2 and table[1].rsplit(None, 1)[0] != last_row:
+                row = table[1].rsplit(None, 1)[0] if len(table) == 2 else last_row
+                if row != last_row:
                     if not last_row:
                         say("  kubectl get rtj:  " + table[0])
-                    last_row = table[1].rsplit(None, 1)[0]
+                    last_row = row
                     say("                    " + table[1])
                 for line in support.events(self.cluster, NS, NAME):
                     if line not in seen:

@@ -296,6 +296,12 @@ def job_status(cl: Cluster, ns: str, name: str) -> dict[str, Any]:
     return dict(get_job(cl, ns, name).get("status") or {})
 
 
+def job_statuses(cl: Cluster, ns: str) -> dict[str, dict[str, Any]]:
+    """Every job's status in a namespace, in one list call (many-job tests and the scale bench)."""
+    items = custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]
+    return {i["metadata"]["name"]: dict(i.get("status") or {}) for i in items}
+
+
 def wait_phase(cl: Cluster, ns: str, name: str, phases: str | tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
     """Until status.phase is one of `phases`; returns the status."""
     wanted = (phases,) if isinstance(phases, str) else phases

@@ -25,13 +25,13 @@ from e2e.support import (
     assert_consistent_status,
     assert_single_attempt,
     core,
-    custom,
     delete_operator_pod,
     events,
     injected_env,
     job_manifest,
     job_pods,
     job_status,
+    job_statuses,
     make_checkpoint,
     node_of,
     operator_pid,
@@ -257,12 +257,6 @@ def test_flapping_node_within_timeout_no_restart_past_it_exactly_one(cluster: Cl
 
 
 # ---- 5. many jobs, several nodes killed ---------------------------------------------------------------------
-def statuses(cl: Cluster, ns: str) -> dict[str, dict[str, Any]]:
-    """Every job's status in one list call."""
-    items = custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]
-    return {i["metadata"]["name"]: i.get("status") or {} for i in items}
-
-
 @pytest.mark.timeout(480)
 def test_fifty_jobs_with_two_nodes_killed_each_recovers_or_waits(cluster: Cluster, namespace: str) -> None:
     """49 one-worker jobs and one job that needs 3 of the 4 GPU nodes; two of its nodes die. Every small
@@ -274,7 +268,7 @@ def test_fifty_jobs_with_two_nodes_killed_each_recovers_or_waits(cluster: Cluste
     t0 = time.monotonic()
 
     def all_running() -> bool:
-        now = statuses(cluster, namespace)
+        now = job_statuses(cluster, namespace)
         return len(now) == 50 and all(st.get("phase") == c.RUNNING for st in now.values())
 
     wait_for(all_running, 240, "all 50 jobs running", interval=1)
@@ -291,7 +285,7 @@ def test_fifty_jobs_with_two_nodes_killed_each_recovers_or_waits(cluster: Cluste
         cluster.kill_node(node)
 
     def settled() -> dict[str, dict[str, Any]] | None:
-        now = statuses(cluster, namespace)
+        now = job_statuses(cluster, namespace)
         if now["gpu"].get("phase") != c.WAITING_FOR_CAPACITY:
             return None
         if any(now[n].get("phase") != c.RUNNING or now[n].get("attempt", 0) < 2 for n in hit):
