@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-from resilient_trainer import layout
+from resilient_contract import layout
 
 
 def build(root: Path, dirs: int, partial: int) -> None:

@@ -18,8 +18,8 @@ import yaml
 
 from e2e.localcluster.cluster import Cluster, wait_for
 from e2e.support import HOST_DIR, MOUNT, get_job, job_pods
+from resilient_contract import layout
 from resilient_operator import constants as c
-from resilient_trainer import layout
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "job.yaml"

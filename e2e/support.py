@@ -19,9 +19,9 @@ import pytest
 
 from e2e.localcluster.binaries import REPO_ROOT
 from e2e.localcluster.cluster import Cluster, wait_for
+from resilient_contract import environment
+from resilient_contract.layout import step_dir_name
 from resilient_operator import constants as c
-from resilient_trainer import contract
-from resilient_trainer.layout import step_dir_name
 
 ROOT = REPO_ROOT
 CHART = ROOT / "charts" / "resilient-training-operator"
@@ -139,7 +139,7 @@ def events(cl: Cluster, ns: str, name: str) -> list[str]:
 
 
 def injected_env(pod: Any) -> dict[str, str]:
-    return {e.name: e.value for e in pod.spec.containers[0].env if e.name in contract.ALL_NAMES}
+    return {e.name: e.value for e in pod.spec.containers[0].env if e.name in environment.ALL_NAMES}
 
 
 def node_of(pods: list[Any], rank: str) -> str:

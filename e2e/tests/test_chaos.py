@@ -45,8 +45,8 @@ from e2e.support import (
     wait_phase,
 )  # fmt: skip
 from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from resilient_contract import environment
 from resilient_operator import constants as c
-from resilient_trainer import contract
 
 pytestmark = [pytest.mark.cluster]
 
@@ -81,8 +81,8 @@ def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
     assert_single_attempt(cl, ns, name, attempt, replicas)
     for pod in pods:
         env = injected_env(pod)
-        assert env[contract.NNODES] == str(replicas) and env[contract.ATTEMPT] == str(attempt)
-        assert env[contract.RESUME_FROM] == f"{MOUNT}/{ns}-{name}/step-{step:010d}"
+        assert env[environment.NNODES] == str(replicas) and env[environment.ATTEMPT] == str(attempt)
+        assert env[environment.RESUME_FROM] == f"{MOUNT}/{ns}-{name}/step-{step:010d}"
     status = job_status(cl, ns, name)
     assert_consistent_status(status)
     assert status["restarts"]["infrastructure"] == attempt - 1 and status["resumedFrom"]["step"] == step
@@ -326,7 +326,7 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
     per-pod start-up that would not fit this suite's time on a 2-core machine."""
     import threading
 
-    from resilient_trainer import layout
+    from resilient_contract import layout
     from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
     root = tmp_path / "ckpt"

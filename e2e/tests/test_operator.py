@@ -31,8 +31,8 @@ from e2e.support import (
     worker_script,
 )  # fmt: skip
 from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from resilient_contract import environment
 from resilient_operator import constants as c
-from resilient_trainer import contract
 
 pytestmark = [pytest.mark.cluster]
 
@@ -41,15 +41,15 @@ pytestmark = [pytest.mark.cluster]
 def test_job_starts_a_gang_with_the_contract(cluster: Cluster, namespace: str) -> None:
     apply(cluster, job_manifest("gang", namespace))
     pods = running_attempt(cluster, namespace, "gang", 1, 3)
-    envs = sorted((injected_env(p) for p in pods), key=lambda e: e[contract.NODE_RANK])
-    assert [e[contract.NODE_RANK] for e in envs] == ["0", "1", "2"]
+    envs = sorted((injected_env(p) for p in pods), key=lambda e: e[environment.NODE_RANK])
+    assert [e[environment.NODE_RANK] for e in envs] == ["0", "1", "2"]
     for env in envs:
-        assert env[contract.NNODES] == "3" and env[contract.ATTEMPT] == "1"
-        assert env[contract.MASTER_ADDR] == f"gang-a1-0.gang.{namespace}.svc"
-        assert contract.RESUME_FROM not in env
+        assert env[environment.NNODES] == "3" and env[environment.ATTEMPT] == "1"
+        assert env[environment.MASTER_ADDR] == f"gang-a1-0.gang.{namespace}.svc"
+        assert environment.RESUME_FROM not in env
     # the processes saw the same values (written by the stand-in trainer)
     seen = wait_for(lambda: sorted(cluster.host_path(HOST_DIR).glob("gang-*.env")), 30, "env files")
-    assert any(f"{contract.NNODES}=3" in f.read_text() for f in seen)
+    assert any(f"{environment.NNODES}=3" in f.read_text() for f in seen)
     svc = core(cluster).read_namespaced_service("gang", namespace)
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses
     table = cluster.kubectl("get", "rtj", "-n", namespace).stdout
@@ -102,7 +102,7 @@ def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cl
     make_checkpoint(root, step=12)
     apply(cluster, job_manifest("shrink", namespace, replicas=4))
     pods = running_attempt(cluster, namespace, "shrink", 1, 4)
-    assert injected_env(pods[0])[contract.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000012"
+    assert injected_env(pods[0])[environment.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000012"
     make_checkpoint(root, step=24)  # written "during" attempt 1
     (root / "step-0000000036").mkdir()  # a newer save that never finished: must not be used
     dead = node_of(pods, "2")
@@ -122,8 +122,8 @@ def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cl
           f"{relaunched_after:.1f}s")  # fmt: skip
     assert all(p.spec.node_name != dead for p in new)
     env = injected_env(new[0])
-    assert env[contract.NNODES] == "3"
-    assert env[contract.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000024"
+    assert env[environment.NNODES] == "3"
+    assert env[environment.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000024"
     status = get_job(cluster, namespace, "shrink")["status"]
     assert status["resumedFrom"]["step"] == 24 and status["workers"] == "3/4"
     wait_for(lambda: any("restarted 4 -> 3 workers from step-0000000024" in e

@@ -44,8 +44,8 @@ from e2e.support import (
     wait_phase,
 )  # fmt: skip
 from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from resilient_contract import layout
 from resilient_operator import constants as c
-from resilient_trainer import layout
 from tests.contracts.test_crd import INVALID
 
 pytestmark = [pytest.mark.cluster]

@@ -18,8 +18,8 @@ import pytest
 from e2e import scenarios
 from e2e.localcluster.cluster import Cluster, wait_for
 from e2e.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
+from resilient_contract import environment, layout
 from resilient_operator import constants as c
-from resilient_trainer import contract, layout
 
 pytestmark = [pytest.mark.cluster]
 STEPS = 24
@@ -80,7 +80,7 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
     resumed = status["resumedFrom"]
     assert resumed["step"] >= first.step and resumed["step"] == timeline.resumed_step
     new = running_attempt(cluster, ns, name, 2, 3)
-    assert injected_env(new[0])[contract.RESUME_FROM] == resumed["path"]
+    assert injected_env(new[0])[environment.RESUME_FROM] == resumed["path"]
     assert layout.parse_step_dir(Path(resumed["path"]).name) == resumed["step"]
 
     final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
@@ -122,7 +122,7 @@ def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster,
         f.truncate(shard.stat().st_size // 2)
     cluster.kill_node(node_of(pods, "2"))
     new = running_attempt(cluster, ns, name, 2, 3, timeout=120)
-    injected = injected_env(new[0])[contract.RESUME_FROM]
+    injected = injected_env(new[0])[environment.RESUME_FROM]
     assert Path(injected).name not in (partial.name, truncated.name)
     assert layout.parse_step_dir(Path(injected).name) >= good.step
     def skipped() -> list[str]:

@@ -13,12 +13,12 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from resilient_contract import layout
 from resilient_operator import constants as c
 from resilient_operator import metrics
 from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
-from resilient_trainer import layout
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from resilient_contract import environment
 from resilient_operator.core import render
-from resilient_trainer import contract
 from tests.operator.builders import job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_import_operator_is_the_standard_library() -> None:
 
 def test_core_imports_neither_kopf_nor_the_client_nor_torch() -> None:
     code = (
-        "import sys, resilient_operator.core, resilient_operator.core.reconcile, resilient_trainer.layout;"
+        "import sys, resilient_operator.core, resilient_operator.core.reconcile, resilient_contract.layout;"
         "print(sorted(m for m in ('kopf', 'kubernetes', 'torch') if m in sys.modules))"
     )
     assert run_python(code) == "[]"
@@ -46,38 +46,38 @@ def test_core_sources_do_not_import_io_libraries() -> None:
 
 
 def test_env_round_trip() -> None:
-    env = contract.WorkerEnv("demo", 2, 3, 1, 8, "demo-a2-0.demo.ml.svc", 29500, "/ckpt", "/ckpt/step-0000000010", 4)
-    assert contract.WorkerEnv.from_environ(env.to_environ()) == env
+    env = environment.WorkerEnv("demo", 2, 3, 1, 8, "demo-a2-0.demo.ml.svc", 29500, "/ckpt", "/ckpt/step-0000000010", 4)
+    assert environment.WorkerEnv.from_environ(env.to_environ()) == env
     assert env.world_size == 24
-    fresh = contract.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt")
-    assert contract.RESUME_FROM not in fresh.to_environ()
+    fresh = environment.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt")
+    assert environment.RESUME_FROM not in fresh.to_environ()
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({contract.NNODES: ""}, "PET_NNODES is not set"),
-        ({contract.NODE_RANK: "4"}, "PET_NODE_RANK=4 must be < PET_NNODES=4"),
-        ({contract.ATTEMPT: "zero"}, "RTJ_ATTEMPT='zero' is not an integer"),
-        ({contract.CHECKPOINT_ROOT: ""}, "RTJ_CHECKPOINT_ROOT is not set"),
-        ({contract.CHECKPOINT_KEEP: "0"}, "RTJ_CHECKPOINT_KEEP=0 must be >= 1"),
+        ({environment.NNODES: ""}, "PET_NNODES is not set"),
+        ({environment.NODE_RANK: "4"}, "PET_NODE_RANK=4 must be < PET_NNODES=4"),
+        ({environment.ATTEMPT: "zero"}, "RTJ_ATTEMPT='zero' is not an integer"),
+        ({environment.CHECKPOINT_ROOT: ""}, "RTJ_CHECKPOINT_ROOT is not set"),
+        ({environment.CHECKPOINT_KEEP: "0"}, "RTJ_CHECKPOINT_KEEP=0 must be >= 1"),
     ],
 )
 def test_env_errors_name_the_variable(change: dict[str, str], message: str) -> None:
-    env = contract.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt").to_environ()
+    env = environment.WorkerEnv("demo", 1, 4, 0, 1, "a", 29500, "/ckpt").to_environ()
     env.update(change)
-    with pytest.raises(contract.ContractError, match=message):
-        contract.WorkerEnv.from_environ(env)
+    with pytest.raises(environment.ContractError, match=message):
+        environment.WorkerEnv.from_environ(env)
 
 
 def test_rendered_pod_carries_exactly_the_contract() -> None:
     j = job()
     pod = render.pod_manifest(j, 3, 1, 2, None)
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
-    parsed = contract.WorkerEnv.from_environ(env)
+    parsed = environment.WorkerEnv.from_environ(env)
     assert (parsed.attempt, parsed.node_rank, parsed.nnodes, parsed.job_name) == (3, 1, 2, "demo")
     assert parsed.master_addr == "demo-a3-0.demo.ml.svc"
-    assert set(env) <= set(contract.ALL_NAMES)
+    assert set(env) <= set(environment.ALL_NAMES)
     assert pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["hostname"] == "demo-a3-1" and pod["spec"]["subdomain"] == "demo"
     assert pod["metadata"]["ownerReferences"][0]["controller"] is True
@@ -91,15 +91,15 @@ def test_checkpoint_keep_travels_from_the_spec_to_the_trainer() -> None:
         container = render.pod_manifest(job(**spec), 1, 0, 4, None)["spec"]["containers"][0]
         return {e["name"]: e["value"] for e in container["env"]}
 
-    assert contract.checkpoint_keep(pod_env(checkpoint={"keep": 5})) == 5
-    assert contract.checkpoint_keep(pod_env()) == contract.DEFAULT_CHECKPOINT_KEEP == 3  # the CRD's default
-    assert contract.checkpoint_keep({}) == 3  # a script run outside the operator
+    assert environment.checkpoint_keep(pod_env(checkpoint={"keep": 5})) == 5
+    assert environment.checkpoint_keep(pod_env()) == environment.DEFAULT_CHECKPOINT_KEEP == 3  # the CRD's default
+    assert environment.checkpoint_keep({}) == 3  # a script run outside the operator
 
 
 def test_user_env_is_kept_and_contract_names_win() -> None:
     j = job(template={"spec": {"containers": [{"name": "t", "env": [
-        {"name": "MY_FLAG", "value": "1"}, {"name": contract.NNODES, "value": "99"}]}]}})  # fmt: skip
+        {"name": "MY_FLAG", "value": "1"}, {"name": environment.NNODES, "value": "99"}]}]}})  # fmt: skip
     env = render.pod_manifest(j, 1, 0, 4, None)["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
-    assert names.count(contract.NNODES) == 1 and "MY_FLAG" in names
-    assert {e["name"]: e["value"] for e in env}[contract.NNODES] == "4"
+    assert names.count(environment.NNODES) == 1 and "MY_FLAG" in names
+    assert {e["name"]: e["value"] for e in env}[environment.NNODES] == "4"

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from resilient_trainer import dcp_metadata, layout  # noqa: E402
+from resilient_contract import dcp_metadata, layout  # noqa: E402
 
 
 def save(root: Path, step: int, seed: int = 0) -> Path:

@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
+from resilient_contract.layout import Listing, Verdict
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView
 from resilient_operator.core.timeutil import fmt
-from resilient_trainer.layout import Listing, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "resilienttrainingjobs.yaml"

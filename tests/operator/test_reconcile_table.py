@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from resilient_contract import completion, environment
+from resilient_contract.layout import Listing
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView, reconcile, render
 from resilient_operator.core.timeutil import fmt
-from resilient_trainer import completion, contract
-from resilient_trainer.layout import Listing
 from tests.operator.builders import (
     CKPT_ROOT,
     NOW,
@@ -235,11 +235,11 @@ def test_reconcile(row: Row) -> None:
         assert plan.status["attempt"] == row.create_attempt
         for p in pods:
             env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
-            assert env[contract.NNODES] == str(row.create_replicas)
+            assert env[environment.NNODES] == str(row.create_replicas)
             if row.resume_step is None:
-                assert contract.RESUME_FROM not in env
+                assert environment.RESUME_FROM not in env
             else:
-                assert env[contract.RESUME_FROM] == f"{CKPT_ROOT}/step-{row.resume_step:010d}"
+                assert env[environment.RESUME_FROM] == f"{CKPT_ROOT}/step-{row.resume_step:010d}"
     assert set(plan.delete) == row.delete
     assert set(plan.force_delete) == row.force
     assert row.events <= {e.reason for e in plan.events}, plan.events

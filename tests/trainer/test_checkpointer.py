@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilient_trainer import contract, layout
+from resilient_contract import environment, layout
 from resilient_trainer.checkpointer import Checkpointer, CheckpointError
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
@@ -96,11 +96,11 @@ def test_unloadable_checkpoint_fails_loudly(
 ) -> None:
     model, opt = make()
     ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
-    monkeypatch.delenv(contract.RESUME_FROM, raising=False)
+    monkeypatch.delenv(environment.RESUME_FROM, raising=False)
     assert ckpt.resume() is None  # fresh start only when nothing was injected
     partial = tmp_path / layout.step_dir_name(3)
     partial.mkdir()
-    monkeypatch.setenv(contract.RESUME_FROM, str(partial))
+    monkeypatch.setenv(environment.RESUME_FROM, str(partial))
     with pytest.raises(CheckpointError, match=str(partial)):
         ckpt.resume()
     with pytest.raises(CheckpointError, match="not a step"):

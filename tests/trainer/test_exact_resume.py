@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilient_trainer import completion, layout
+from resilient_contract import completion, layout
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse, wait_for
 
 pytestmark = pytest.mark.multiproc

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import parse_args
 
-from resilient_trainer import completion, contract, launch
+from resilient_contract import completion, environment
+from resilient_trainer import launch
 from tests.trainer.harness import SMALL_MODEL, Launcher, base_env, free_port, parse, start_process
 
-ENV = contract.WorkerEnv(
+ENV = environment.WorkerEnv(
     job_name="demo", attempt=3, nnodes=2, node_rank=1, nproc_per_node=4, master_addr="demo-3-0.demo",
     master_port=29400, checkpoint_root="/ckpt", resume_from="/ckpt/step-0000000100",
 )
@@ -32,7 +33,7 @@ def test_torchrun_args_map_the_contract() -> None:
 
 
 def test_env_round_trip_through_contract() -> None:
-    assert contract.WorkerEnv.from_environ(ENV.to_environ()) == ENV
+    assert environment.WorkerEnv.from_environ(ENV.to_environ()) == ENV
 
 
 def test_split_argv() -> None:
@@ -41,16 +42,16 @@ def test_split_argv() -> None:
 
 
 def test_missing_contract_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    for name in contract.ALL_NAMES:
+    for name in environment.ALL_NAMES:
         monkeypatch.delenv(name, raising=False)
     assert launch.main(["--", "train.py"]) == 2
-    assert contract.NNODES in capsys.readouterr().err
+    assert environment.NNODES in capsys.readouterr().err
 
 
 def node_env(tmp: Path, node_rank: int, port: int, attempt: int = 1, nnodes: int = 2, nproc: int = 2) -> dict:
     env = base_env(tmp)
     env.update(
-        contract.WorkerEnv(
+        environment.WorkerEnv(
             job_name="t", attempt=attempt, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
             master_addr="127.0.0.1", master_port=port, checkpoint_root=str(tmp / "ckpt"),
         ).to_environ()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_trainer import completion, layout
+from resilient_contract import completion, layout
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc

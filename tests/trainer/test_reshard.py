@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from resilient_trainer import layout
+from resilient_contract import layout
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc

@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from resilient_trainer import completion, layout, retention
+from resilient_contract import completion, layout
+from resilient_trainer import retention
 from resilient_trainer.state import TrainState, accumulation_steps, micro_batches, mix_seed
 
-TORCH_FREE = ["resilient_trainer", "resilient_trainer.contract", "resilient_trainer.layout",
-              "resilient_trainer.dcp_metadata", "resilient_trainer.completion", "resilient_trainer.retention"]
+TORCH_FREE = ["resilient_trainer", "resilient_contract.environment", "resilient_contract.layout",
+              "resilient_contract.dcp_metadata", "resilient_contract.completion", "resilient_trainer.retention"]
 
 
 def test_operator_side_modules_do_not_import_torch() -> None:

@@ -45,7 +45,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from resilient_trainer import contract, layout, retention
+from resilient_contract import environment, layout
+from resilient_trainer import retention
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -103,7 +104,7 @@ class Checkpointer:
         self.train_state = train_state if train_state is not None else TrainState()
         self.ctx = ctx
         # None: the job's spec.checkpoint.keep, which the operator injects (RTJ_CHECKPOINT_KEEP).
-        self.keep_last = contract.checkpoint_keep() if keep_last is None else keep_last
+        self.keep_last = environment.checkpoint_keep() if keep_last is None else keep_last
         self.async_save = async_save
         self.writer_factory = writer_factory or (
             lambda path: FileSystemWriter(path, sync_files=True, overwrite=False)
@@ -280,7 +281,7 @@ class Checkpointer:
 
         Deliberately does not fall back to scanning the root: the operator chose (and checked) the
         checkpoint, and silently starting elsewhere would fork the run."""
-        target = resume_from or os.environ.get(contract.RESUME_FROM) or None
+        target = resume_from or environment.resume_from()
         if target is None:
             return None
         self.load(target)

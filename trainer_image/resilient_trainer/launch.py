@@ -1,6 +1,6 @@
 """`python -m resilient_trainer.launch [torchrun options] -- script.py args` (or `rtj-launch`).
 
-Maps the environment the operator injects (resilient_trainer.contract) onto torch's elastic launcher,
+Maps the environment the operator injects (resilient_contract.environment) onto torch's elastic launcher,
 so a plain torchrun script runs unchanged:
 
     --nnodes=$PET_NNODES --nproc-per-node=$PET_NPROC_PER_NODE --node-rank=$PET_NODE_RANK
@@ -15,7 +15,7 @@ store host is whichever agent wins the race. `--max-restarts=0` because restarts
 an in-pod restart would rejoin a group whose peers may already be fenced.
 
 Exit status: the launcher's, except that a run whose workers recorded success for this attempt in the
-termination message (resilient_trainer.completion) exits 0 even if a worker then died at interpreter
+termination message (resilient_contract.completion) exits 0 even if a worker then died at interpreter
 exit, and a recorded preemption exits 143. Options before `--` are passed to torchrun after ours.
 """
 
@@ -25,12 +25,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from resilient_trainer import completion, contract
+from resilient_contract import completion, environment
 
 PREEMPTED_EXIT_CODE = 143
 
 
-def torchrun_args(env: contract.WorkerEnv, extra: Sequence[str], script: Sequence[str]) -> list[str]:
+def torchrun_args(env: environment.WorkerEnv, extra: Sequence[str], script: Sequence[str]) -> list[str]:
     """The torchrun command line (without the program name) for this worker pod."""
     return [
         f"--nnodes={env.nnodes}",
@@ -55,7 +55,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return [], argv
 
 
-def _outcome_for(env: contract.WorkerEnv) -> completion.Outcome | None:
+def _outcome_for(env: environment.WorkerEnv) -> completion.Outcome | None:
     outcome = completion.read_termination_message()
     if outcome is None or outcome.fields.get("attempt") != str(env.attempt):
         return None
@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m resilient_trainer.launch [torchrun options] -- script.py [args]", file=sys.stderr)
         return 2
     try:
-        env = contract.WorkerEnv.from_environ()
-    except contract.ContractError as exc:
+        env = environment.WorkerEnv.from_environ()
+    except environment.ContractError as exc:
         print(f"rtj-launch: {exc}", file=sys.stderr)
         return 2
     # A stale message from an earlier container must not turn this run's failure into a success.

@@ -17,7 +17,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 
-from resilient_trainer import layout
+from resilient_contract import layout
 
 TRASH_PREFIX = ".trash-"
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from resilient_contract import completion
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView, PodView
 from resilient_operator.core.nodes import NodeLoss, node_loss
-from resilient_trainer import completion
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {

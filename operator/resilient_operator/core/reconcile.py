@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from resilient_contract.layout import Listing, Verdict, step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import failures, nodes, render
 from resilient_operator.core.conditions import get_condition, set_condition
@@ -25,7 +26,6 @@ from resilient_operator.core.model import Job, NodeView, PodView
 from resilient_operator.core.plan import Event, Plan
 from resilient_operator.core.timeutil import fmt, parse
 from resilient_operator.core.worldsize import choose_replicas
-from resilient_trainer.layout import Listing, Verdict, step_dir_name
 
 # Storage has no watch: a running job re-reads its checkpoint root this often (for status and grow-back).
 CHECKPOINT_POLL_SECONDS = 10.0

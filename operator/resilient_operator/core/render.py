@@ -10,11 +10,11 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from resilient_contract import completion
+from resilient_contract.environment import WorkerEnv
+from resilient_contract.layout import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core.model import Job
-from resilient_trainer import completion
-from resilient_trainer.contract import WorkerEnv
-from resilient_trainer.layout import Verdict
 
 
 def pod_name(job: str, attempt: int, rank: int) -> str:

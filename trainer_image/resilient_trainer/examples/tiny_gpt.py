@@ -17,7 +17,7 @@ Output (rank 0, stdout, one line each, `KEY k=v k=v ...`; values never contain s
 `loss` is sum(per-sample mean token cross-entropy) / global_batch for that step, printed with repr()
 so it round-trips exactly. The digest covers every parameter (sorted FQNs, dtype, shape, raw bytes).
 On success local rank 0 of each node also writes `RTJ_SUCCEEDED ...` to the termination-message file
-(resilient_trainer.completion).
+(resilient_contract.completion).
 
 Test hooks: --fail-at-step/--fail-rank/--fail-exit-code (application failure), --step-delay,
 --crash-in-save-step/--crash-in-save-rank (SIGKILL a rank inside its shard write), --dump-state
@@ -43,7 +43,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.nn import functional as fn
 
-from resilient_trainer import completion, contract
+from resilient_contract import completion, environment
 from resilient_trainer import dist as rdist
 from resilient_trainer.checkpointer import Checkpointer
 from resilient_trainer.preemption import PreemptionHandler
@@ -145,9 +145,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--checkpoint-every", type=int, default=10, help="0: only the final checkpoint")
     p.add_argument("--keep-last", type=int, default=None,
-                   help=f"complete checkpoints to keep (default ${contract.CHECKPOINT_KEEP}: spec.checkpoint.keep)")
-    p.add_argument("--checkpoint-root", default=os.environ.get(contract.CHECKPOINT_ROOT))
-    p.add_argument("--resume-from", default=os.environ.get(contract.RESUME_FROM) or None)
+                   help=f"complete checkpoints to keep (default ${environment.CHECKPOINT_KEEP}: spec.checkpoint.keep)")
+    p.add_argument("--checkpoint-root", default=os.environ.get(environment.CHECKPOINT_ROOT))
+    p.add_argument("--resume-from", default=os.environ.get(environment.RESUME_FROM) or None)
     p.add_argument("--blocking-save", action="store_true", help="dcp.save instead of async_save")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--vocab", type=int, default=128)
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not args.checkpoint_root:
-        print(f"error: --checkpoint-root or ${contract.CHECKPOINT_ROOT} is required", file=sys.stderr)
+        print(f"error: --checkpoint-root or ${environment.CHECKPOINT_ROOT} is required", file=sys.stderr)
         return 2
     preempt = PreemptionHandler.install()
     ctx = rdist.init(timeout_s=args.collective_timeout)
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         micro_batch=args.micro_batch,
         accumulation=accum,
         steps=args.steps,
-        attempt=os.environ.get(contract.ATTEMPT, "0"),
+        attempt=os.environ.get(environment.ATTEMPT, "0"),
         parallel=args.parallel,
     )
     resumed = ckpt.resume(args.resume_from)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_outcome(kind: str, **fields: Any) -> None:
-    attempt = os.environ.get(contract.ATTEMPT, "0")
+    attempt = os.environ.get(environment.ATTEMPT, "0")
     try:
         completion.write_termination_message(kind, attempt=attempt, **fields)
     except OSError as exc:  # outside Kubernetes /dev/termination-log may not exist

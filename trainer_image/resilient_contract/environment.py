@@ -95,44 +95,44 @@ class WorkerEnv:
                 raise ContractError(f"{name} is not set: is this process running under the operator?")
             return value
 
-        def integer(name: str, value: str, minimum: int) -> int:
-            try:
-                number = int(value)
-            except ValueError:
-                raise ContractError(f"{name}={value!r} is not an integer") from None
-            if number < minimum:
-                raise ContractError(f"{name}={number} must be >= {minimum}")
-            return number
-
-        nnodes = integer(NNODES, req(NNODES), 1)
-        node_rank = integer(NODE_RANK, req(NODE_RANK), 0)
+        nnodes = _integer(NNODES, req(NNODES), 1)
+        node_rank = _integer(NODE_RANK, req(NODE_RANK), 0)
         if node_rank >= nnodes:
             raise ContractError(f"{NODE_RANK}={node_rank} must be < {NNODES}={nnodes}")
         desired = env.get(DESIRED_NNODES)
         return cls(
             job_name=req(JOB_NAME),
-            attempt=integer(ATTEMPT, req(ATTEMPT), 1),
+            attempt=_integer(ATTEMPT, req(ATTEMPT), 1),
             nnodes=nnodes,
             node_rank=node_rank,
-            nproc_per_node=integer(NPROC_PER_NODE, env.get(NPROC_PER_NODE, "1"), 1),
+            nproc_per_node=_integer(NPROC_PER_NODE, env.get(NPROC_PER_NODE, "1"), 1),
             master_addr=req(MASTER_ADDR),
-            master_port=integer(MASTER_PORT, env.get(MASTER_PORT, str(DEFAULT_MASTER_PORT)), 1),
+            master_port=_integer(MASTER_PORT, env.get(MASTER_PORT, str(DEFAULT_MASTER_PORT)), 1),
             checkpoint_root=req(CHECKPOINT_ROOT),
-            resume_from=env.get(RESUME_FROM) or None,
-            desired_nnodes=integer(DESIRED_NNODES, desired, 1) if desired else None,
+            resume_from=resume_from(env),
+            desired_nnodes=_integer(DESIRED_NNODES, desired, 1) if desired else None,
             checkpoint_keep=checkpoint_keep(env),
         )
+
+
+def _integer(name: str, value: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ContractError(f"{name}={value!r} is not an integer") from None
+    if number < minimum:
+        raise ContractError(f"{name}={number} must be >= {minimum}")
+    return number
 
 
 def checkpoint_keep(environ: Mapping[str, str] | None = None) -> int:
     """How many complete checkpoints to retain: the job's spec.checkpoint.keep as injected, else the
     CRD's default (a script run outside the operator)."""
     env = os.environ if environ is None else environ
-    value = env.get(CHECKPOINT_KEEP) or str(DEFAULT_CHECKPOINT_KEEP)
-    try:
-        number = int(value)
-    except ValueError:
-        raise ContractError(f"{CHECKPOINT_KEEP}={value!r} is not an integer") from None
-    if number < 1:
-        raise ContractError(f"{CHECKPOINT_KEEP}={number} must be >= 1")
-    return number
+    return _integer(CHECKPOINT_KEEP, env.get(CHECKPOINT_KEEP) or str(DEFAULT_CHECKPOINT_KEEP), 1)
+
+
+def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
+    """The checkpoint the operator chose for this attempt, or None on a fresh start."""
+    env = os.environ if environ is None else environ
+    return env.get(RESUME_FROM) or None

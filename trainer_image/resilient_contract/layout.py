@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from resilient_trainer import dcp_metadata
+from resilient_contract import dcp_metadata
 
 METADATA_FILE = ".metadata"
 STEP_DIR_PREFIX = "step-"
