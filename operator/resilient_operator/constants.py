@@ -42,6 +42,7 @@ COND_SUSPENDED = "Suspended"
 COND_SUCCEEDED = "Succeeded"
 COND_FAILED = "Failed"
 COND_NODES_REPORTING = "NodesReporting"
+COND_SPEC_VALID = "SpecValid"
 
 # Failure kinds and the budgets they spend.
 INFRASTRUCTURE = "Infrastructure"
@@ -78,6 +79,8 @@ REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
 REASON_NEW_CHECKPOINT = "CheckpointCompleted"
 REASON_DISRUPTION = "ClusterDisruption"
 REASON_HEARTBEATS = "HeartbeatsFlowing"
+REASON_INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
+REASON_SPEC_OK = "SpecUsable"
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
 # Node facts Kubernetes itself defines.

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from resilient_contract import layout
 from resilient_operator import constants as c
-from resilient_operator import metrics
+from resilient_operator import metrics, views
 from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
@@ -45,11 +45,11 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     obj = kube.get_job(namespace, name)
     if obj is None:
         return None  # deleted: garbage collection removes its pods and Service (owner references)
-    job = Job.from_object(obj)
-    pods = [PodView.from_object(p) for p in kube.list_job_pods(namespace, name)]
+    job = views.job_view(obj)
+    pods = [views.pod_view(p) for p in kube.list_job_pods(namespace, name)]
     raw_nodes, leases = kube.nodes_and_leases()
-    nodes = {n["metadata"]["name"]: NodeView.from_objects(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
-    listing = layout.discover(job.spec.checkpoint_root)
+    nodes = {n["metadata"]["name"]: views.node_view(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
+    listing = layout.discover(job.spec.checkpoint_root) if not job.problem else layout.Listing("", None, (), None, True)
     return obj, job, pods, nodes, listing
 
 

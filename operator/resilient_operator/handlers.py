@@ -19,6 +19,7 @@ from prometheus_client import start_http_server
 
 from resilient_operator import constants as c
 from resilient_operator import controller, metrics
+from resilient_operator.core import routing
 from resilient_operator.kube import NODE_LEASE_NAMESPACE, Conflict, Kube, load_config
 from resilient_operator.settings import Settings
 from resilient_operator.workqueue import WorkQueue
@@ -113,11 +114,7 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) 
         if key in state.phases:
             metrics.JOBS_BY_PHASE.labels(phase=state.phases.pop(key)).dec()
         return
-    status = body.get("status") or {}
-    spec = body.get("spec") or {}
-    phase = status.get("phase") or c.PENDING
-    short = int(status.get("replicas") or 0) < int(spec.get("replicas") or 0)
-    if phase in (c.WAITING_FOR_CAPACITY, c.PENDING) or (phase == c.RUNNING and short):
+    if routing.capacity_bound(body.get("spec") or {}, body.get("status") or {}):
         state.capacity_bound.add(key)
     else:
         state.capacity_bound.discard(key)

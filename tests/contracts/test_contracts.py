@@ -97,9 +97,17 @@ def test_checkpoint_keep_travels_from_the_spec_to_the_trainer() -> None:
 
 
 def test_user_env_is_kept_and_contract_names_win() -> None:
+    j = job(template={"spec": {"containers": [{"name": "t", "env": [{"name": "MY_FLAG", "value": "1"}],
+                                               "envFrom": [{"configMapRef": {"name": "cm"}}]}]}})  # fmt: skip
+    env = {e["name"]: e.get("value") for e in render.pod_manifest(j, 1, 0, 4, None)["spec"]["containers"][0]["env"]}
+    assert env["MY_FLAG"] == "1" and env[environment.NNODES] == "4"
+    # every contract name is set explicitly (empty on a fresh start): an explicit env wins over envFrom, so a
+    # ConfigMap cannot supply RTJ_RESUME_FROM
+    assert env[environment.RESUME_FROM] == "" and environment.resume_from(env) is None
+
+
+def test_contract_names_in_the_template_env_are_refused() -> None:
     j = job(template={"spec": {"containers": [{"name": "t", "env": [
-        {"name": "MY_FLAG", "value": "1"}, {"name": environment.NNODES, "value": "99"}]}]}})  # fmt: skip
-    env = render.pod_manifest(j, 1, 0, 4, None)["spec"]["containers"][0]["env"]
-    names = [e["name"] for e in env]
-    assert names.count(environment.NNODES) == 1 and "MY_FLAG" in names
-    assert {e["name"]: e["value"] for e in env}[environment.NNODES] == "4"
+        {"name": "MY_FLAG", "value": "1"}, {"name": environment.RESUME_FROM, "value": "/other/step-9"}]}]}})  # fmt: skip
+    assert j.problem and "spec.template.spec.containers[0].env[1]" in j.problem
+    assert environment.RESUME_FROM in j.problem

@@ -11,6 +11,7 @@ import yaml
 
 from resilient_contract.layout import Listing, Verdict
 from resilient_operator import constants as c
+from resilient_operator import views
 from resilient_operator.core import Job, NodeView, PodView
 from resilient_operator.core.timeutil import fmt
 
@@ -64,7 +65,7 @@ def job_object(name: str = "demo", status: dict[str, Any] | None = None, **spec:
 
 
 def job(status: dict[str, Any] | None = None, **spec: Any) -> Job:
-    return Job.from_object(job_object(status=status, **spec))
+    return views.job_view(job_object(status=status, **spec))
 
 
 def node(
@@ -85,7 +86,7 @@ def node(
         },
     }
     lease = None if lease_age is None else {"spec": {"renewTime": fmt(NOW - timedelta(seconds=lease_age))}}
-    return NodeView.from_objects(obj, lease)
+    return views.node_view(obj, lease)
 
 
 def nodes(*views: NodeView) -> dict[str, NodeView]:
@@ -110,6 +111,8 @@ def pod(
     waiting: str | None = None,
     replicas: int = 4,
     resume: tuple[str, int] | None = None,
+    owner_uid: str | None = "uid-1",
+    labels: dict[str, str] | None = None,
 ) -> PodView:
     status: dict[str, Any] = {"phase": phase, "conditions": []}
     if reason:
@@ -130,12 +133,15 @@ def pod(
         annotations[c.ANNOTATION_RESUME_FROM], annotations[c.ANNOTATION_RESUME_STEP] = resume[0], str(resume[1])
     meta: dict[str, Any] = {
         "name": f"demo-a{attempt}-{rank}",
-        "labels": {c.LABEL_JOB: "demo", c.LABEL_ATTEMPT: str(attempt), c.LABEL_RANK: str(rank)},
+        "labels": labels or {c.LABEL_JOB: "demo", c.LABEL_ATTEMPT: str(attempt), c.LABEL_RANK: str(rank)},
         "annotations": annotations,
     }
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "demo", "uid": owner_uid,
+                                    "controller": True}]  # fmt: skip
     if deleting:
         meta["deletionTimestamp"] = fmt(NOW)
-    return PodView.from_object({"metadata": meta, "spec": {"nodeName": node_name}, "status": status})
+    return views.pod_view({"metadata": meta, "spec": {"nodeName": node_name}, "status": status})
 
 
 def gang(attempt: int, replicas: int, phase: str = "Running", **overrides: Any) -> list[PodView]:

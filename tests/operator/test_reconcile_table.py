@@ -237,7 +237,7 @@ def test_reconcile(row: Row) -> None:
             env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
             assert env[environment.NNODES] == str(row.create_replicas)
             if row.resume_step is None:
-                assert environment.RESUME_FROM not in env
+                assert env.get(environment.RESUME_FROM, "") == ""  # explicit and empty: envFrom cannot supply it
             else:
                 assert env[environment.RESUME_FROM] == f"{CKPT_ROOT}/step-{row.resume_step:010d}"
     assert set(plan.delete) == row.delete

@@ -7,14 +7,14 @@ non-zero, and that is collateral damage, not a bug in the training script.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from resilient_contract import completion
 from resilient_operator import constants as c
-from resilient_operator.core.model import NodeView, PodView
-from resilient_operator.core.nodes import NodeLoss, node_loss
+from resilient_operator.core.health import Health, NodeLoss
+from resilient_operator.core.model import PodView
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {
@@ -61,21 +61,12 @@ def finished_ok(pod: PodView) -> bool:
     )
 
 
-def lost_nodes(
-    pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime, timeout: float
-) -> dict[str, NodeLoss]:
+def lost_nodes(pods: Sequence[PodView], health: Health) -> dict[str, NodeLoss]:
     """Every lost node hosting a pod of the attempt."""
-    lost: dict[str, NodeLoss] = {}
-    for pod in pods:
-        if pod.node_name and pod.node_name not in lost:
-            loss = node_loss(pod.node_name, nodes.get(pod.node_name), now, timeout)
-            if loss:
-                lost[pod.node_name] = loss
-    return lost
+    return health.losses(p.node_name for p in pods if p.node_name)
 
 
-def settled(pod: PodView, pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime,
-            timeout: float) -> bool:  # fmt: skip
+def settled(pod: PodView, pods: Sequence[PodView], health: Health) -> bool:
     """Whether a failed pod's exit can be blamed on the application yet.
 
     When a node dies its peers often fail first (a reset connection ends their collective at once),
@@ -87,27 +78,20 @@ def settled(pod: PodView, pods: Sequence[PodView], nodes: Mapping[str, NodeView]
     if ended is None:
         return True
     for name in {p.node_name for p in pods if p.node_name}:
-        node = nodes.get(name)
+        node = health.nodes.get(name)
         renewed = node.lease_renewed if node else None
         if renewed is None:
-            if now - ended < timedelta(seconds=timeout):
+            if health.now - ended < timedelta(seconds=health.timeout):
                 return False
         elif renewed <= ended:
             return False
     return True
 
 
-def detect(
-    pods: Sequence[PodView],
-    replicas: int,
-    all_created: bool,
-    nodes: Mapping[str, NodeView],
-    now: datetime,
-    timeout: float,
-) -> Failure | None:
+def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: Health) -> Failure | None:
     """The failure of the current attempt, or None while it is healthy (or still starting)."""
     by_rank = {p.rank: p for p in pods}
-    lost = lost_nodes(pods, nodes, now, timeout)
+    lost = lost_nodes(pods, health)
     if lost:
         names = sorted(lost)
         victim = min((p for p in pods if p.node_name == names[0]), key=lambda p: p.rank)
@@ -131,7 +115,7 @@ def detect(
             if rank not in by_rank:
                 return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"worker rank {rank} pod was deleted")
     for pod in sorted(pods, key=lambda p: p.rank):
-        if pod.phase == "Failed" and not finished_ok(pod) and settled(pod, pods, nodes, now, timeout):
+        if pod.phase == "Failed" and not finished_ok(pod) and settled(pod, pods, health):
             code = next((t.exit_code for t in pod.terminations if t.exit_code), None)
             detail = next((t.reason for t in pod.terminations if t.reason), "") or pod.reason
             return Failure(c.APPLICATION, c.REASON_APP_FAILED,
@@ -146,9 +130,9 @@ def detect(
     return None
 
 
-def unsettled(pods: Sequence[PodView], nodes: Mapping[str, NodeView], now: datetime, timeout: float) -> bool:
+def unsettled(pods: Sequence[PodView], health: Health) -> bool:
     """A pod failed but we cannot yet tell whether a dying node caused it: look again shortly."""
-    return any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, nodes, now, timeout) for p in pods)
+    return any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, health) for p in pods)
 
 
 def all_succeeded(pods: Sequence[PodView], replicas: int) -> bool:

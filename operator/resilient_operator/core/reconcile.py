@@ -7,25 +7,27 @@ The state machine (status.phase):
                   │            ▼
                   └── Restarting | BackingOff | WaitingForCapacity | Suspended ─► Failed (budget)
 
-Everything needed to continue lives in the cluster: the attempt number and launch parameters are in
-status and on the pods (labels, annotations), so an operator restarted at any point picks up here.
+This module only sequences the policies (health, failures, budgets, capacity, growback, fencing) and
+turns their decisions into status, conditions and events. Everything needed to continue lives in the
+cluster: the attempt number and launch parameters are in status and on the pods (labels, annotations),
+so an operator restarted at any point picks up here.
 """
 
 from __future__ import annotations
 
 import copy
+import posixpath
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from resilient_contract.layout import Listing, Verdict, step_dir_name
 from resilient_operator import constants as c
-from resilient_operator.core import failures, nodes, render
+from resilient_operator.core import budgets, capacity, failures, fencing, growback, health, render
 from resilient_operator.core.conditions import get_condition, set_condition
 from resilient_operator.core.model import Job, NodeView, PodView
 from resilient_operator.core.plan import Event, Plan
 from resilient_operator.core.timeutil import fmt, parse
-from resilient_operator.core.worldsize import choose_replicas
 
 # Storage has no watch: a running job re-reads its checkpoint root this often (for status and grow-back).
 CHECKPOINT_POLL_SECONDS = 10.0
@@ -34,10 +36,6 @@ STORAGE_RETRY_SECONDS = 15.0
 MAX_SKIPPED_EVENTS = 3
 # A pod failed while a node may be dying: recheck this often until the nodes prove alive or are lost.
 UNSETTLED_RECHECK_SECONDS = 1.0
-# When more than this share of all nodes looks lost at once, the likelier story is a control-plane or
-# network outage (leases could not be renewed), not dead machines: kube-controller-manager's
-# --unhealthy-zone-threshold makes the same call and stops evicting. We stop restarting.
-DISRUPTION_FRACTION = 0.55
 # Level-triggered safety nets for states that wait on events (a watch can miss them across an API
 # outage): fenced pods still terminating, and a job waiting for capacity.
 FENCE_RECHECK_SECONDS = 5.0
@@ -46,15 +44,15 @@ ACTIVE = (c.STARTING, c.RUNNING)
 
 
 class _Ctx:
-    """The inputs of one reconcile plus the status being edited."""
+    """The inputs of one reconcile, the node health judged once, and the status being edited."""
 
     def __init__(self, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView],
                  listing: Listing, now: datetime) -> None:  # fmt: skip
         self.job = job
         self.spec = job.spec
         self.pods = list(pods)
-        self.nodes = node_map
         self.listing = listing
+        self.health = health.assess(node_map, now, job.spec.node_loss_timeout)
         self.now = now
         self.ts = fmt(now)
         self.status: dict[str, Any] = copy.deepcopy(dict(job.status))
@@ -77,26 +75,38 @@ class _Ctx:
     def set_phase(self, phase: str) -> None:
         self.status["phase"] = phase
 
-    def timeout(self) -> float:
-        return self.spec.node_loss_timeout
+    def current(self) -> list[PodView]:
+        return [p for p in self.pods if p.attempt == self.attempt]
+
+    def fence(self, pods: Sequence[PodView]) -> None:
+        out = fencing.fence(pods, self.health, set(self.plan.delete) | set(self.plan.force_delete))
+        self.plan.force_delete += out.force
+        self.plan.delete += out.delete
+
+    def close_history(self, reason: str) -> None:
+        fencing.close_entry(self.status, self.attempt, reason, self.ts)
 
 
 def reconcile(
     job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime
 ) -> Plan:
     """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes."""
-    ctx = _Ctx(job, pods, node_map, listing, now)
+    ctx = _Ctx(job, [p for p in pods if p.owner_uid == job.uid], node_map, listing, now)  # ours: by uid, not label
     st = ctx.status
     st["observedGeneration"] = job.generation
     st["desiredReplicas"] = job.spec.replicas
     st.setdefault("restarts", {"infrastructure": 0, "application": 0, "planned": 0})
+    if _refuse_unusable_spec(ctx):
+        _summarise(ctx)
+        return ctx.plan
     _adopt_newer_attempt(ctx)
     _observe_checkpoints(ctx)
 
     if ctx.phase in c.TERMINAL_PHASES:
-        _finish_terminal(ctx)
+        if ctx.phase == c.FAILED:  # a finished job keeps its completed pods for logs; a failed one stops the rest
+            ctx.fence([p for p in ctx.pods if p.phase not in ("Succeeded", "Failed")])
     else:
-        _fence_older_attempts(ctx)
+        ctx.fence([p for p in ctx.pods if p.attempt < ctx.attempt])
         if job.spec.suspend:
             _suspend(ctx)
         elif ctx.phase in ACTIVE:
@@ -107,8 +117,16 @@ def reconcile(
     return ctx.plan
 
 
-def _current(ctx: _Ctx) -> list[PodView]:
-    return [p for p in ctx.pods if p.attempt == ctx.attempt]
+def _refuse_unusable_spec(ctx: _Ctx) -> bool:
+    """A spec the CRD let through but the operator cannot use: say which field, start nothing, stay put."""
+    problem = ctx.job.problem
+    if problem:
+        if ctx.condition(c.COND_SPEC_VALID, False, c.REASON_INVALID_SPEC, problem):
+            ctx.event("Warning", c.REASON_INVALID_SPEC, f"{problem}; no pods are created until the spec is fixed")
+        return True
+    if (cond := get_condition(ctx.status, c.COND_SPEC_VALID)) and cond["status"] == "False":
+        ctx.condition(c.COND_SPEC_VALID, True, c.REASON_SPEC_OK, "the spec is usable again")
+    return False
 
 
 def _adopt_newer_attempt(ctx: _Ctx) -> None:
@@ -117,17 +135,19 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
     if newest <= ctx.attempt:
         return
     pods = [p for p in ctx.pods if p.attempt == newest]
-    ann = pods[0].annotations
     st = ctx.status
     st["attempt"] = newest
-    st["replicas"] = int(ann.get(c.ANNOTATION_REPLICAS, len(pods)))
-    if c.ANNOTATION_RESUME_FROM in ann:
-        st["resumedFrom"] = {"path": ann[c.ANNOTATION_RESUME_FROM], "step": int(ann[c.ANNOTATION_RESUME_STEP])}
+    st["replicas"] = pods[0].launch_replicas or len(pods)
+    resume = pods[0].launch_resume
+    if resume and resume.path != posixpath.join(ctx.spec.checkpoint_root, step_dir_name(resume.step)):
+        resume = None  # anyone who can edit the pod can write there: inject only a checkpoint of this job's root
+    if resume:
+        st["resumedFrom"] = {"path": resume.path, "step": resume.step}
     else:
         st.pop("resumedFrom", None)
     if ctx.phase not in c.TERMINAL_PHASES:
         ctx.set_phase(c.STARTING)
-    _open_history(ctx, newest, st["replicas"], st.get("resumedFrom", {}).get("step"))
+    fencing.open_entry(st, newest, st["replicas"], resume.step if resume else None, ctx.ts)
 
 
 def _observe_checkpoints(ctx: _Ctx) -> None:
@@ -154,57 +174,25 @@ def _storage_ok(ctx: _Ctx) -> bool:
     return not (ctx.listing.error and (not ctx.listing.missing or ctx.status.get("latestCheckpoint")))
 
 
-def _lost_node_names(ctx: _Ctx, pods: Sequence[PodView]) -> set[str]:
-    return set(failures.lost_nodes(pods, ctx.nodes, ctx.now, ctx.timeout()))
-
-
 def _cluster_disrupted(ctx: _Ctx) -> bool:
     """Most nodes look lost at once: hold still (no fencing, no restart) until heartbeats resume."""
-    lost, total = len(_all_lost_nodes(ctx)), len(ctx.nodes)
-    disrupted = total > 0 and lost / total > DISRUPTION_FRACTION
-    if disrupted:
+    if ctx.health.disrupted:
+        lost, total = len(ctx.health.lost), len(ctx.health.nodes)
         message = (f"{lost} of {total} nodes look lost at once, as after a control-plane or network outage; "
                    "not restarting until node heartbeats resume")  # fmt: skip
         if ctx.condition(c.COND_NODES_REPORTING, False, c.REASON_DISRUPTION, message):
             ctx.event("Warning", c.REASON_DISRUPTION, message)
         ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
-    elif (cond := get_condition(ctx.status, c.COND_NODES_REPORTING)) and cond["status"] == "False":
+        return True
+    if (cond := get_condition(ctx.status, c.COND_NODES_REPORTING)) and cond["status"] == "False":
         ctx.condition(c.COND_NODES_REPORTING, True, c.REASON_HEARTBEATS, "node heartbeats are flowing again")
-    return disrupted
-
-
-def _all_lost_nodes(ctx: _Ctx) -> list[str]:
-    """Every node we count as lost, whether or not Kubernetes has noticed yet."""
-    return sorted(n for n, view in ctx.nodes.items() if nodes.node_loss(n, view, ctx.now, ctx.timeout()))
-
-
-def _fence(ctx: _Ctx, pods: Sequence[PodView]) -> None:
-    """Delete pods; those on lost nodes with grace period 0, since no kubelet will confirm the kill."""
-    lost = _lost_node_names(ctx, pods)
-    planned = set(ctx.plan.delete) | set(ctx.plan.force_delete)
-    for pod in pods:
-        if pod.name in planned:
-            continue
-        if pod.node_name in lost:
-            ctx.plan.force_delete.append(pod.name)
-        elif not pod.deleting:
-            ctx.plan.delete.append(pod.name)
-
-
-def _fence_older_attempts(ctx: _Ctx) -> None:
-    _fence(ctx, [p for p in ctx.pods if p.attempt < ctx.attempt])
-
-
-def _finish_terminal(ctx: _Ctx) -> None:
-    """A finished job keeps its completed pods for logs; a failed one stops whatever still runs."""
-    if ctx.phase == c.FAILED:
-        _fence(ctx, [p for p in ctx.pods if p.phase not in ("Succeeded", "Failed")])
+    return False
 
 
 def _suspend(ctx: _Ctx) -> None:
-    _fence(ctx, ctx.pods)
+    ctx.fence(ctx.pods)
     if ctx.phase != c.SUSPENDED:
-        _close_history(ctx, c.REASON_SUSPENDED)
+        ctx.close_history(c.REASON_SUSPENDED)
         ctx.set_phase(c.SUSPENDED)
         ctx.condition(c.COND_RUNNING, False, c.REASON_SUSPENDED, "the job is suspended")
         ctx.event("Normal", c.REASON_SUSPENDED, f"suspended attempt {ctx.attempt}; its pods are being deleted "
@@ -214,44 +202,44 @@ def _suspend(ctx: _Ctx) -> None:
 
 def _watch_attempt(ctx: _Ctx) -> None:
     """The attempt is starting or running: detect success, failure, missing pods and grow-back."""
-    st, spec = ctx.status, ctx.spec
+    st = ctx.status
     replicas = int(st.get("replicas") or 0)
-    current = _current(ctx)
-    all_created = ctx.phase == c.RUNNING
+    current = ctx.current()
     if failures.all_succeeded(current, replicas):
         _succeed(ctx)
         return
     if _cluster_disrupted(ctx):
         return
-    failure = failures.detect(current, replicas, all_created, ctx.nodes, ctx.now, ctx.timeout())
+    failure = failures.detect(current, replicas, ctx.phase == c.RUNNING, ctx.health)
     if failure:
         _on_failure(ctx, failure, current)
         return
-    if failures.unsettled(current, ctx.nodes, ctx.now, ctx.timeout()):
+    if failures.unsettled(current, ctx.health):
         ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
-    present = {p.rank for p in current}
     if ctx.phase == c.STARTING:
-        missing = [r for r in range(replicas) if r not in present]
-        resume = _resume_verdict(st)
-        if missing:  # a crash (or a refused create) between the status write and the creates
-            ctx.plan.create.append(render.service_manifest(ctx.job))
-        for rank in missing:
-            ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
-                                                       _all_lost_nodes(ctx)))  # fmt: skip
-        if not missing and all(p.phase == "Running" for p in current):
-            ctx.set_phase(c.RUNNING)
-            _history_nodes(ctx, current)
-            ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
-            ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
-            ctx.event("Normal", c.REASON_ALL_RUNNING,
-                      f"attempt {ctx.attempt}: all {replicas} workers running")  # fmt: skip
-    if ctx.phase == c.RUNNING and spec.elastic.grow_back:
+        _finish_starting(ctx, current, replicas)
+    if ctx.phase == c.RUNNING and ctx.spec.elastic.grow_back:
         _consider_grow_back(ctx, current)
     for name in {p.node_name for p in current if p.node_name}:
-        node = ctx.nodes.get(name)
-        if node:
-            ctx.plan.look_again(nodes.next_loss_check(node, ctx.now, ctx.timeout()))
+        ctx.plan.look_again(ctx.health.next_loss_check(name))
     ctx.plan.look_again(CHECKPOINT_POLL_SECONDS)
+
+
+def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> None:
+    present = {p.rank for p in current}
+    missing = [r for r in range(replicas) if r not in present]
+    if missing:  # a crash (or a refused create) between the status write and the creates
+        ctx.plan.create.append(render.service_manifest(ctx.job))
+    resume = _resume_verdict(ctx.status)
+    for rank in missing:
+        ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
+                                                   ctx.health.lost_names))  # fmt: skip
+    if not missing and all(p.phase == "Running" for p in current):
+        ctx.set_phase(c.RUNNING)
+        fencing.record_nodes(ctx.status, ctx.attempt, current)
+        ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
+        ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
+        ctx.event("Normal", c.REASON_ALL_RUNNING, f"attempt {ctx.attempt}: all {replicas} workers running")
 
 
 def _resume_verdict(st: Mapping[str, Any]) -> Verdict | None:
@@ -263,48 +251,42 @@ def _succeed(ctx: _Ctx) -> None:
     st = ctx.status
     ctx.set_phase(c.SUCCEEDED)
     st["completionTime"] = ctx.ts
-    _close_history(ctx, c.REASON_COMPLETED)
+    ctx.close_history(c.REASON_COMPLETED)
     ctx.condition(c.COND_SUCCEEDED, True, c.REASON_COMPLETED, "all workers finished")
     ctx.condition(c.COND_RUNNING, False, c.REASON_COMPLETED, "the job finished")
     ctx.condition(c.COND_RECOVERING, False, c.REASON_COMPLETED, "the job finished")
-    ctx.event("Normal", c.REASON_COMPLETED,
-              f"all {st.get('replicas')} workers of attempt {ctx.attempt} finished")  # fmt: skip
+    ctx.event("Normal", c.REASON_COMPLETED, f"all {st.get('replicas')} workers of attempt {ctx.attempt} finished")
 
 
 def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]) -> None:
-    st, fp = ctx.status, ctx.spec.failure
-    restarts = st["restarts"]
-    infra = failure.kind == c.INFRASTRUCTURE
-    key, limit = ("infrastructure", fp.max_infrastructure_restarts) if infra else (
-        "application", fp.max_application_restarts)  # fmt: skip
-    last = {"kind": failure.kind, "reason": failure.reason, "message": failure.message,
-            "attempt": ctx.attempt, "time": ctx.ts}  # fmt: skip
+    st = ctx.status
+    last: dict[str, Any] = {"kind": failure.kind, "reason": failure.reason, "message": failure.message,
+                            "attempt": ctx.attempt, "time": ctx.ts}  # fmt: skip
     for field, value in (("node", failure.node), ("pod", failure.pod), ("exitCode", failure.exit_code)):
         if value is not None:
             last[field] = value
     st["lastFailure"] = last
-    _close_history(ctx, failure.reason)
-    _fence(ctx, current)
+    ctx.close_history(failure.reason)
+    ctx.fence(current)
     where = f" on node {failure.node}" if failure.node else ""
     ctx.event("Warning", failure.reason, f"attempt {ctx.attempt} broken{where}: {failure.message}")
-    if restarts.get(key, 0) >= limit:
-        budget = c.REASON_INFRA_BUDGET if infra else c.REASON_APP_BUDGET
-        _fail(ctx, budget, f"{failure.kind.lower()} restart budget ({limit}) is spent; last failure: "
-              f"{failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
+    spent = budgets.spend(failure.kind, st["restarts"], ctx.spec.failure)
+    if spent.exhausted:
+        _fail(ctx, spent.budget_reason, f"{failure.kind.lower()} restart budget ({spent.limit}) is spent; last "
+              f"failure: {failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
               "checkpoints are kept")  # fmt: skip
         return
-    restarts[key] = restarts.get(key, 0) + 1
+    st["restarts"][spent.key] = spent.count
     ctx.condition(c.COND_RUNNING, False, failure.reason, failure.message)
     ctx.condition(c.COND_RECOVERING, True, failure.reason,
                   f"fencing attempt {ctx.attempt} and restarting: {failure.message}")  # fmt: skip
-    if infra:
+    if spent.backoff_seconds is None:
         ctx.set_phase(c.RESTARTING)
         return
-    n = restarts[key]
-    delay = min(fp.backoff_seconds * 2 ** (n - 1), fp.max_backoff_seconds)
+    delay = spent.backoff_seconds
     st["nextRetryTime"] = fmt(ctx.now + timedelta(seconds=delay))
     ctx.set_phase(c.BACKING_OFF)
-    ctx.event("Normal", c.REASON_BACKOFF, f"application restart {n}/{limit} in {delay}s")
+    ctx.event("Normal", c.REASON_BACKOFF, f"application restart {spent.count}/{spent.limit} in {delay:g}s")
 
 
 def _fail(ctx: _Ctx, reason: str, message: str) -> None:
@@ -316,33 +298,34 @@ def _fail(ctx: _Ctx, reason: str, message: str) -> None:
     ctx.event("Warning", reason, message)
 
 
+def _target_replicas(ctx: _Ctx) -> tuple[int | None, int]:
+    """The size the healthy capacity allows (None below the minimum), and that capacity."""
+    cap = capacity.capacity(ctx.health, ctx.spec.placement).total
+    return capacity.choose_replicas(ctx.spec.replicas, ctx.spec.elastic, cap), cap
+
+
 def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
-    """More capacity than we run on: grow at the first complete checkpoint written after noticing it."""
-    st, spec = ctx.status, ctx.spec
-    cap, _ = nodes.capacity(ctx.nodes, spec.template, ctx.now, ctx.timeout())
-    target = choose_replicas(spec.replicas, spec.elastic, cap)
+    st = ctx.status
     replicas = int(st.get("replicas") or 0)
     latest = (st.get("latestCheckpoint") or {}).get("step", -1)
-    if target is None or target <= replicas:
+    decision = growback.decide(replicas, _target_replicas(ctx)[0], latest, st.get("growBack"))
+    if decision.action == growback.NONE:
         st.pop("growBack", None)
-        return
-    pending = st.get("growBack")
-    if not pending:
-        st["growBack"] = {"replicas": target, "sinceStep": latest}
-        ctx.event("Normal", c.REASON_GROW_BACK, f"capacity for {target} workers is back; growing from "
+    elif decision.action == growback.NOTICE:
+        st["growBack"] = {"replicas": decision.target, "sinceStep": latest}
+        ctx.event("Normal", c.REASON_GROW_BACK, f"capacity for {decision.target} workers is back; growing from "
                   f"{replicas} at the next complete checkpoint")  # fmt: skip
-        return
-    pending["replicas"] = target
-    if latest > pending["sinceStep"]:
+    elif decision.action == growback.WAIT:
+        st["growBack"]["replicas"] = decision.target
+    else:
+        message = f"growing {replicas} -> {decision.target} workers from {step_dir_name(latest)}"
         st.pop("growBack", None)
         st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
-        _close_history(ctx, c.REASON_GROW_BACK)
-        _fence(ctx, current)
+        ctx.close_history(c.REASON_GROW_BACK)
+        ctx.fence(current)
         ctx.set_phase(c.RESTARTING)
-        ctx.condition(c.COND_RECOVERING, True, c.REASON_GROW_BACK,
-                      f"growing {replicas} -> {target} workers from {step_dir_name(latest)}")  # fmt: skip
-        ctx.event("Normal", c.REASON_GROW_BACK,
-                  f"growing {replicas} -> {target} workers from {step_dir_name(latest)}")  # fmt: skip
+        ctx.condition(c.COND_RECOVERING, True, c.REASON_GROW_BACK, message)
+        ctx.event("Normal", c.REASON_GROW_BACK, message)
 
 
 def _relaunch(ctx: _Ctx) -> None:
@@ -355,7 +338,7 @@ def _relaunch(ctx: _Ctx) -> None:
         ctx.event("Normal", c.REASON_RESUMED, "resuming from the latest complete checkpoint")
     leftovers = [p for p in ctx.pods if p.attempt <= ctx.attempt]
     if leftovers:
-        _fence(ctx, leftovers)
+        ctx.fence(leftovers)
         ctx.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
         return
     if ctx.phase == c.BACKING_OFF:
@@ -363,12 +346,12 @@ def _relaunch(ctx: _Ctx) -> None:
         if retry and ctx.now < retry:
             ctx.plan.look_again((retry - ctx.now).total_seconds())
             return
-    if ctx.phase == c.RESTARTING and (silent := nodes.quiet(ctx.nodes, spec.template, ctx.now, ctx.timeout())):
-        # A node that went quiet with the lost one may be about to follow it: see which, then restart once.
-        ctx.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
-        return
-    cap, _ = nodes.capacity(ctx.nodes, spec.template, ctx.now, ctx.timeout())
-    replicas = choose_replicas(spec.replicas, spec.elastic, cap)
+    if ctx.phase == c.RESTARTING:
+        silent = capacity.quiet(ctx.health, capacity.capacity(ctx.health, spec.placement))
+        if silent:  # a node that went quiet with the lost one may be about to follow it: restart once
+            ctx.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
+            return
+    replicas, cap = _target_replicas(ctx)
     if replicas is None:
         message = (f"need at least {spec.elastic.min_replicas} workers (a multiple of "
                    f"{spec.elastic.multiple_of}) but the healthy schedulable nodes hold {cap}; "
@@ -391,8 +374,7 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
     attempt = ctx.attempt + 1
     resume = listing.latest
     for skipped in listing.skipped[:MAX_SKIPPED_EVENTS]:
-        ctx.event("Warning", c.REASON_CHECKPOINT_SKIPPED,
-                  f"not resuming from {skipped.path}: {skipped.reason}")  # fmt: skip
+        ctx.event("Warning", c.REASON_CHECKPOINT_SKIPPED, f"not resuming from {skipped.path}: {skipped.reason}")
     st["attempt"] = attempt
     st["replicas"] = replicas
     st.pop("nextRetryTime", None)
@@ -403,11 +385,10 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
     else:
         st.pop("resumedFrom", None)
     ctx.set_phase(c.STARTING)
-    _open_history(ctx, attempt, replicas, resume.step if resume else None)
+    fencing.open_entry(st, attempt, replicas, resume.step if resume else None, ctx.ts)
     ctx.plan.create.append(render.service_manifest(ctx.job))
-    lost = _all_lost_nodes(ctx)
     for rank in range(replicas):
-        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume, lost))
+        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume, ctx.health.lost_names))
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")
@@ -418,36 +399,11 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
                   f"restarted {previous} -> {replicas} workers {source} as attempt {attempt}{after}")  # fmt: skip
 
 
-def _open_history(ctx: _Ctx, attempt: int, replicas: int, resumed_step: int | None) -> None:
-    history: list[dict[str, Any]] = ctx.status.setdefault("history", [])
-    if history and history[-1].get("attempt") == attempt:
-        return
-    entry: dict[str, Any] = {"attempt": attempt, "replicas": replicas, "startTime": ctx.ts}
-    if resumed_step is not None:
-        entry["resumedFromStep"] = resumed_step
-    history.append(entry)
-    del history[: max(0, len(history) - c.HISTORY_LIMIT)]
-
-
-def _close_history(ctx: _Ctx, reason: str) -> None:
-    history = ctx.status.get("history") or []
-    if history and history[-1].get("attempt") == ctx.attempt and "endTime" not in history[-1]:
-        history[-1]["endTime"] = ctx.ts
-        history[-1]["endReason"] = reason
-
-
-def _history_nodes(ctx: _Ctx, pods: Sequence[PodView]) -> None:
-    history = ctx.status.get("history") or []
-    if history and history[-1].get("attempt") == ctx.attempt:
-        history[-1]["nodes"] = sorted({p.node_name for p in pods if p.node_name})
-
-
 def _summarise(ctx: _Ctx) -> None:
     st = ctx.status
-    r = st["restarts"]
-    st["restartCount"] = int(r.get("infrastructure", 0)) + int(r.get("application", 0)) + int(r.get("planned", 0))
+    st["restartCount"] = budgets.total(st["restarts"])
     replicas = int(st.get("replicas") or 0)
-    running = sum(1 for p in _current(ctx) if p.phase == "Running" and not p.deleting)
+    running = sum(1 for p in ctx.current() if p.phase == "Running" and not p.deleting)
     st["workers"] = f"{running}/{ctx.spec.replicas}"
     st["worldSize"] = replicas * ctx.spec.nproc_per_node
     st.setdefault("attempt", 0)

@@ -10,7 +10,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from resilient_contract import completion
+from resilient_contract import completion, environment
 from resilient_contract.environment import WorkerEnv
 from resilient_contract.layout import Verdict
 from resilient_operator import constants as c
@@ -114,6 +114,8 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         annotations[c.ANNOTATION_RESUME_FROM] = resume.path
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
     injected = worker_env(job, attempt, rank, replicas, resume).to_environ()
+    # Set explicitly even when empty: a container's env wins over its envFrom, so no ConfigMap can supply it.
+    injected.setdefault(environment.RESUME_FROM, "")
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") not in injected]
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]

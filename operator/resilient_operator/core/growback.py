@@ -1,0 +1,33 @@
+"""When a job running below its desired size grows back: capacity first, then the next checkpoint.
+
+Growing is a planned restart, so it waits for a complete checkpoint written *after* the capacity was
+noticed: the restart then recomputes at most the steps since that checkpoint, not everything since an
+older one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Grow:
+    action: str  # "none" (no target: clear any pending), "notice" (record the target), "wait", "restart"
+    target: int | None = None
+
+
+NONE, NOTICE, WAIT, RESTART = "none", "notice", "wait", "restart"
+
+
+def decide(running: int, target: int | None, latest_step: int, pending: Mapping[str, Any] | None) -> Grow:
+    """`running` workers now, `target` the size capacity allows (None: below the minimum), `pending` the
+    status.growBack noted earlier ({replicas, sinceStep})."""
+    if target is None or target <= running:
+        return Grow(NONE)
+    if not pending:
+        return Grow(NOTICE, target)
+    if latest_step > int(pending.get("sinceStep", -1)):
+        return Grow(RESTART, target)
+    return Grow(WAIT, target)

@@ -1,0 +1,296 @@
+"""The boundary: API objects (dicts) in, the core's typed views out. A template the core cannot use is
+refused here with a reason naming the field, instead of crashing a reconcile on every retry.
+
+Everything in a job spec or on a pod is tenant-written: labels, annotations and templates are parsed
+defensively; quantities go through the kubernetes client's own parser; the identity of a pod is its
+controller ownerReference (uid), never a label.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from resilient_contract import environment
+from resilient_operator import constants as c
+from resilient_operator.core import timeutil
+from resilient_operator.core.model import (
+    ElasticPolicy,
+    FailurePolicy,
+    Job,
+    JobSpec,
+    LaunchResume,
+    NodeView,
+    Placement,
+    PodView,
+    Taint,
+    Termination,
+    Toleration,
+)
+
+# One reconcile renders every pod of an attempt from the template; bound what that may cost.
+MAX_RENDERED_BYTES = 64 * 2**20
+
+
+class SpecProblem(ValueError):
+    """The spec cannot be used; the message names the field and says what to change."""
+
+
+def job_view(obj: Mapping[str, Any]) -> Job:
+    meta = obj["metadata"]
+    status = obj.get("status")
+    base: dict[str, Any] = {
+        "name": meta["name"],
+        "namespace": meta.get("namespace", "default"),
+        "uid": meta.get("uid", ""),
+        "generation": _int(meta.get("generation"), 1),
+        "status": dict(status) if isinstance(status, Mapping) else {},
+    }
+    raw = obj.get("spec")
+    try:
+        return Job(spec=job_spec(raw if isinstance(raw, Mapping) else {}), **base)
+    except SpecProblem as exc:
+        return Job(spec=_stand_in(raw), problem=str(exc), **base)
+
+
+def job_spec(spec: Mapping[str, Any]) -> JobSpec:
+    """Parse a (CRD-defaulted) spec; raise SpecProblem naming the first field the core cannot use."""
+    try:
+        ep, fp = _mapping(spec, "elasticPolicy"), _mapping(spec, "failurePolicy")
+        replicas = int(spec["replicas"])
+        template = _mapping(spec, "template")
+        parsed = JobSpec(
+            replicas=replicas,
+            nproc_per_node=int(spec["nprocPerNode"]),
+            elastic=ElasticPolicy(
+                min_replicas=int(ep["minReplicas"]),
+                max_replicas=int(ep.get("maxReplicas", replicas)),
+                multiple_of=int(ep["replicasMultipleOf"]),
+                grow_back=bool(ep["growBack"]),
+            ),
+            template=template,
+            checkpoint_root=str(_mapping(spec, "checkpoint")["root"]),
+            keep=int(spec["checkpoint"]["keep"]),
+            failure=FailurePolicy(
+                max_infrastructure_restarts=int(fp["maxInfrastructureRestarts"]),
+                max_application_restarts=int(fp["maxApplicationRestarts"]),
+                backoff_seconds=int(fp["applicationBackoffSeconds"]),
+                max_backoff_seconds=int(fp["maxApplicationBackoffSeconds"]),
+            ),
+            node_loss_timeout=float(spec["nodeLossTimeoutSeconds"]),
+            master_port=int(spec["masterPort"]),
+            suspend=bool(spec["suspend"]),
+            placement=placement(template),
+        )
+    except SpecProblem:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecProblem(f"spec is missing or has a malformed field ({type(exc).__name__}: {exc})") from None
+    size = len(json.dumps(template, default=str))
+    if size * parsed.elastic.max_replicas > MAX_RENDERED_BYTES and size * parsed.replicas > MAX_RENDERED_BYTES:
+        raise SpecProblem(
+            f"spec.template is {size // 1024} KiB; {parsed.replicas} workers would render "
+            f"{size * parsed.replicas // 2**20} MiB of pods, more than the operator's bound of "
+            f"{MAX_RENDERED_BYTES // 2**20} MiB: shrink the template (move data into ConfigMaps) or the job"
+        )
+    return parsed
+
+
+def _mapping(parent: Mapping[str, Any], key: str, where: str = "spec") -> Mapping[str, Any]:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecProblem(f"{where}.{key} must be an object, not {type(value).__name__}")
+    return value
+
+
+def _list(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecProblem(f"{where}.{key} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _string_map(parent: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    value = _mapping(parent, key, where)
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise SpecProblem(f"{where}.{key} must map strings to strings")
+    return dict(value)
+
+
+def _quantity(value: Any, where: str) -> Decimal:
+    try:
+        return Decimal(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        raise SpecProblem(f"{where}: {str(value)[:40]!r} is not a resource quantity") from None
+
+
+def placement(template: Mapping[str, Any]) -> Placement:
+    """Validate the template parts the operator reads or edits, and extract what scheduling needs."""
+    where = "spec.template"
+    meta = _mapping(template, "metadata", where)
+    _string_map(meta, "labels", f"{where}.metadata")
+    _string_map(meta, "annotations", f"{where}.metadata")
+    pod = _mapping(template, "spec", where)
+    where = "spec.template.spec"
+    containers = _list(pod, "containers", where)
+    if not containers:
+        raise SpecProblem(f"{where}.containers must list at least one container")
+    requests: dict[str, Decimal] = {}
+    for i, container in enumerate(containers):
+        at = f"{where}.containers[{i}]"
+        if not isinstance(container, Mapping):
+            raise SpecProblem(f"{at} must be an object")
+        for j, var in enumerate(_list(container, "env", at)):
+            if not isinstance(var, Mapping) or not isinstance(var.get("name"), str):
+                raise SpecProblem(f"{at}.env[{j}] must be an object with a name")
+            if var["name"] in environment.ALL_NAMES:
+                raise SpecProblem(f"{at}.env[{j}]: {var['name']} is set by the operator (the worker contract); "
+                                  "remove it from the template")  # fmt: skip
+        for j, source in enumerate(_list(container, "envFrom", at)):
+            if not isinstance(source, Mapping):
+                raise SpecProblem(f"{at}.envFrom[{j}] must be an object")
+        resources = _mapping(container, "resources", at)
+        limits = _mapping(resources, "limits", f"{at}.resources")
+        merged = {**limits, **_mapping(resources, "requests", f"{at}.resources")}
+        for name, value in merged.items():
+            requests[name] = requests.get(name, Decimal(0)) + _quantity(value, f"{at}.resources.{name}")
+    selector = _string_map(pod, "nodeSelector", where)
+    tolerations = []
+    for i, tol in enumerate(_list(pod, "tolerations", where)):
+        if not isinstance(tol, Mapping):
+            raise SpecProblem(f"{where}.tolerations[{i}] must be an object")
+        tolerations.append(Toleration(_str_or_none(tol.get("key")), str(tol.get("operator") or "Equal"),
+                                      _str_or_none(tol.get("effect"))))  # fmt: skip
+    affinity = _mapping(pod, "affinity", where)
+    node_affinity = _mapping(affinity, "nodeAffinity", f"{where}.affinity")
+    required = _mapping(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
+                        f"{where}.affinity.nodeAffinity")  # fmt: skip
+    for i, term in enumerate(_list(required, "nodeSelectorTerms", f"{where}.affinity.nodeAffinity.required")):
+        if not isinstance(term, Mapping) or not isinstance(term.get("matchFields", []), list):
+            raise SpecProblem(f"{where}.affinity.nodeAffinity...nodeSelectorTerms[{i}] must be an object")
+    return Placement(requests, selector, tuple(tolerations))
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _stand_in(raw: Any) -> JobSpec:
+    """A spec for a job the core will refuse: only what status summaries read is taken from the raw spec."""
+    spec = raw if isinstance(raw, Mapping) else {}
+    return JobSpec(
+        replicas=_int(spec.get("replicas"), 0),
+        nproc_per_node=_int(spec.get("nprocPerNode"), 1),
+        elastic=ElasticPolicy(1, 1, 1, False),
+        template={},
+        checkpoint_root="",
+        keep=1,
+        failure=FailurePolicy(0, 0, 1, 1),
+        node_loss_timeout=float(_int(spec.get("nodeLossTimeoutSeconds"), 20)),
+        master_port=29500,
+        suspend=bool(spec.get("suspend")),
+        placement=Placement({}, {}, ()),
+    )
+
+
+def _int(value: Any, default: Any = None) -> Any:
+    """A label, annotation or field as an int; anyone who can edit the object can write anything there."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return int(str(value)) if value is not None else default
+    except ValueError:
+        return default
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
+    """The uid of an object's controller ownerReference to one of our jobs, or None."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") == c.KIND:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView:
+    meta = obj["metadata"]
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    status = obj.get("status") or {}
+    disruption = None
+    ready = False
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            disruption = cond.get("reason") or c.REASON_DISRUPTED
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            ready = True
+    terms: list[Termination] = []
+    waiting: list[str] = []
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "terminated" in state:
+            t = state["terminated"] or {}
+            terms.append(Termination(_int(t.get("exitCode"), 0), t.get("reason") or "", t.get("message") or "",
+                                     timeutil.parse(t.get("finishedAt"))))  # fmt: skip
+        elif "waiting" in state:
+            waiting.append((state["waiting"] or {}).get("reason") or "")
+    resume_path = annotations.get(c.ANNOTATION_RESUME_FROM)
+    resume_step = _int(annotations.get(c.ANNOTATION_RESUME_STEP))
+    return PodView(
+        name=meta["name"],
+        attempt=_int(labels.get(c.LABEL_ATTEMPT), 0),
+        rank=_int(labels.get(c.LABEL_RANK), -1),
+        node_name=(obj.get("spec") or {}).get("nodeName"),
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        reason=status.get("reason") or "",
+        message=status.get("message") or "",
+        disruption=disruption,
+        terminations=tuple(terms),
+        waiting_reasons=tuple(waiting),
+        ready=ready,
+        owner_uid=controller_uid(meta),
+        launch_replicas=_int(annotations.get(c.ANNOTATION_REPLICAS)),
+        launch_resume=LaunchResume(resume_path, resume_step)
+        if isinstance(resume_path, str) and resume_step is not None
+        else None,
+    )
+
+
+def node_view(node: Mapping[str, Any], lease: Mapping[str, Any] | None) -> NodeView:
+    meta = node["metadata"]
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    ready, since = "Unknown", None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            ready = cond.get("status") or "Unknown"
+            since = timeutil.parse(cond.get("lastTransitionTime"))
+    renewed = None
+    if lease:
+        renewed = timeutil.parse((lease.get("spec") or {}).get("renewTime"))
+    allocatable = {}
+    for name, value in (status.get("allocatable") or {}).items():
+        try:
+            allocatable[name] = Decimal(parse_quantity(value))
+        except (ValueError, TypeError, ArithmeticError):
+            allocatable[name] = Decimal(0)  # a node reporting garbage holds nothing
+    return NodeView(
+        name=meta["name"],
+        ready=ready,
+        ready_since=since,
+        taints=tuple(Taint(t["key"], t.get("effect", ""), t.get("value") or "") for t in spec.get("taints") or []),
+        unschedulable=bool(spec.get("unschedulable")),
+        lease_renewed=renewed,
+        allocatable=allocatable,
+        labels=dict(meta.get("labels") or {}),
+    )
