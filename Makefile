@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml
 binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm
 	bash hack/k8s/build.sh
 
-lint: venv ## ruff over the whole tree
+lint: venv ## ruff, the layer contracts (import-linter, .importlinter) and mypy (strict on the core and the contracts)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts, trainer
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)

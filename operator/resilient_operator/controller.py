@@ -41,7 +41,7 @@ def merge_patch(old: Any, new: Any) -> Any:
 
 
 def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
-                                                              dict[str, NodeView], layout.Listing] | None:  # fmt: skip
+                                                              dict[str, NodeView], layout.Listing] | None:
     obj = kube.get_job(namespace, name)
     if obj is None:
         return None  # deleted: garbage collection removes its pods and Service (owner references)

@@ -35,7 +35,7 @@ class State:
     """In-memory routing only (which job to wake); every decision re-reads the cluster."""
 
     settings: Settings
-    queue: WorkQueue = field(default_factory=WorkQueue)
+    queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
     kube: Kube | None = None
     phases: dict[JobKey, str] = field(default_factory=dict)
     capacity_bound: set[JobKey] = field(default_factory=set)

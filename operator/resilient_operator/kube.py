@@ -57,7 +57,7 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return _raw(self.custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name, _preload_content=False))  # fmt: skip
+                c.GROUP, c.VERSION, namespace, c.PLURAL, name, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -65,7 +65,7 @@ class Kube:
 
     def list_job_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         resp = self.core.list_namespaced_pod(namespace, label_selector=f"{c.LABEL_JOB}={name}",
-                                             _preload_content=False)  # fmt: skip
+                                             _preload_content=False)
         return _raw(resp)["items"]
 
     def nodes_and_leases(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -74,7 +74,7 @@ class Kube:
             if time.monotonic() - self._nodes_at > self._node_cache_seconds:
                 nodes = _raw(self.core.list_node(_preload_content=False))["items"]
                 leases = _raw(self.coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE,
-                                                                      _preload_content=False))["items"]  # fmt: skip
+                                                                      _preload_content=False))["items"]
                 self._nodes = (nodes, {lease["metadata"]["name"]: lease for lease in leases})
                 self._nodes_at = time.monotonic()
             return self._nodes
@@ -86,7 +86,7 @@ class Kube:
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
         try:
             self.custom.patch_namespaced_custom_object_status(
-                c.GROUP, c.VERSION, meta["namespace"], c.PLURAL, meta["name"], body)  # fmt: skip
+                c.GROUP, c.VERSION, meta["namespace"], c.PLURAL, meta["name"], body)
         except ApiException as exc:
             if exc.status in (404, 409):
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None
@@ -97,9 +97,9 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         try:
             if manifest["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, manifest)
+                self.core.create_namespaced_pod(ns, manifest)  # type: ignore[arg-type]  # the client takes dicts too
             elif manifest["kind"] == "Service":
-                self.core.create_namespaced_service(ns, manifest)
+                self.core.create_namespaced_service(ns, manifest)  # type: ignore[arg-type]
             else:
                 raise ValueError(f"cannot create {manifest['kind']}")
             return True
@@ -113,7 +113,7 @@ class Kube:
         grace = 0 if force else None
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
-                                            body=client.V1DeleteOptions(grace_period_seconds=grace))  # fmt: skip
+                                            body=client.V1DeleteOptions(grace_period_seconds=grace))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -132,7 +132,7 @@ class Kube:
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=COMPONENT),
             reporting_component=COMPONENT, reporting_instance=self.identity,
-        )  # fmt: skip
+        )
         try:
             self.core.create_namespaced_event(meta["namespace"], event)
         except ApiException as exc:  # an event is never worth failing a reconcile

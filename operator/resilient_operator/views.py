@@ -154,7 +154,7 @@ def placement(template: Mapping[str, Any]) -> Placement:
                 raise SpecProblem(f"{at}.env[{j}] must be an object with a name")
             if var["name"] in environment.ALL_NAMES:
                 raise SpecProblem(f"{at}.env[{j}]: {var['name']} is set by the operator (the worker contract); "
-                                  "remove it from the template")  # fmt: skip
+                                  "remove it from the template")
         for j, source in enumerate(_list(container, "envFrom", at)):
             if not isinstance(source, Mapping):
                 raise SpecProblem(f"{at}.envFrom[{j}] must be an object")
@@ -169,11 +169,11 @@ def placement(template: Mapping[str, Any]) -> Placement:
         if not isinstance(tol, Mapping):
             raise SpecProblem(f"{where}.tolerations[{i}] must be an object")
         tolerations.append(Toleration(_str_or_none(tol.get("key")), str(tol.get("operator") or "Equal"),
-                                      _str_or_none(tol.get("effect"))))  # fmt: skip
+                                      _str_or_none(tol.get("effect"))))
     affinity = _mapping(pod, "affinity", where)
     node_affinity = _mapping(affinity, "nodeAffinity", f"{where}.affinity")
     required = _mapping(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution",
-                        f"{where}.affinity.nodeAffinity")  # fmt: skip
+                        f"{where}.affinity.nodeAffinity")
     for i, term in enumerate(_list(required, "nodeSelectorTerms", f"{where}.affinity.nodeAffinity.required")):
         if not isinstance(term, Mapping) or not isinstance(term.get("matchFields", []), list):
             raise SpecProblem(f"{where}.affinity.nodeAffinity...nodeSelectorTerms[{i}] must be an object")
@@ -240,7 +240,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         if "terminated" in state:
             t = state["terminated"] or {}
             terms.append(Termination(_int(t.get("exitCode"), 0), t.get("reason") or "", t.get("message") or "",
-                                     timeutil.parse(t.get("finishedAt"))))  # fmt: skip
+                                     timeutil.parse(t.get("finishedAt"))))
         elif "waiting" in state:
             waiting.append((state["waiting"] or {}).get("reason") or "")
     resume_path = annotations.get(c.ANNOTATION_RESUME_FROM)

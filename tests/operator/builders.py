@@ -48,7 +48,7 @@ def job_object(name: str = "demo", status: dict[str, Any] | None = None, **spec:
                                               "resources": {"limits": {c.GPU_RESOURCE: "8"}}}]}},
         "checkpoint": {"root": CKPT_ROOT},
         "nodeLossTimeoutSeconds": 20,
-    }  # fmt: skip
+    }
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):
             body[key] = {**body[key], **value}
@@ -138,7 +138,7 @@ def pod(
     }
     if owner_uid:
         meta["ownerReferences"] = [{"apiVersion": c.API_VERSION, "kind": c.KIND, "name": "demo", "uid": owner_uid,
-                                    "controller": True}]  # fmt: skip
+                                    "controller": True}]
     if deleting:
         meta["deletionTimestamp"] = fmt(NOW)
     return views.pod_view({"metadata": meta, "spec": {"nodeName": node_name}, "status": status})
@@ -155,7 +155,7 @@ def gang(attempt: int, replicas: int, phase: str = "Running", **overrides: Any) 
 
 
 def listing(*steps: int, skipped: tuple[tuple[int, str], ...] = (), error: str | None = None,
-            missing: bool = False) -> Listing:  # fmt: skip
+            missing: bool = False) -> Listing:
     latest = Verdict(max(steps), f"{CKPT_ROOT}/step-{max(steps):010d}", True) if steps else None
     skips = tuple(Verdict(s, f"{CKPT_ROOT}/step-{s:010d}", False, why) for s, why in skipped)
     return Listing(CKPT_ROOT, latest, skips, error, missing)

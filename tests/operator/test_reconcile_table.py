@@ -24,7 +24,7 @@ from tests.operator.builders import (
     nodes,
     pod,
     running_status,
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -210,7 +210,26 @@ ROWS = [
         events={c.REASON_CHECKPOINT_SKIPPED, c.REASON_STARTED}),
     Row("finished job stays finished", job(running_status(phase=c.SUCCEEDED)), gang(1, 4, phase="Succeeded"),
         healthy(0), phase=c.SUCCEEDED),
-]  # fmt: skip
+    Row("an impostor pod with the job's labels and a higher attempt is not ours: ignored", job(running_status()),
+        [*four_running(), pod(9, 0, node_name="n0", owner_uid=None, resume=("/elsewhere/step-0000000099", 99))],
+        healthy(4), status={"attempt": 1, "replicas": 4}),
+    Row("an impostor claiming another job's uid is ignored too", job(running_status()),
+        [*four_running(), pod(9, 0, node_name="n0", owner_uid="uid-of-someone-else")], healthy(4),
+        status={"attempt": 1}),
+    Row("a malformed attempt label on one of ours: fenced as stale, no crash", job(running_status()),
+        [*four_running(), pod(1, 9, node_name="n0", labels={c.LABEL_ATTEMPT: "x", c.LABEL_RANK: "y"})],
+        healthy(4), delete={"demo-a1-9"}),
+    Row("lost status + a pod annotated with a resume path outside the root: not injected again",
+        job(running_status(phase=c.STARTING)), [pod(2, 0, node_name="n0", replicas=2,
+        resume=("/checkpoints/other-tenant/step-0000000050", 50))], healthy(4), phase=c.STARTING,
+        create_attempt=2, create_replicas=2, create_count=1, status={"attempt": 2, "resumedFrom": None}),
+    Row("lost status + a genuine resume annotation is kept", job(running_status(phase=c.STARTING)),
+        [pod(2, 0, node_name="n0", replicas=2, resume=RESUMED_9)], healthy(4), phase=c.STARTING,
+        create_attempt=2, create_replicas=2, create_count=1, resume_step=9, status={"resumedFrom.step": 9}),
+    Row("a template the core cannot use: SpecValid=False naming the field, no pods",
+        job(template={"spec": {"containers": [{"name": "t", "env": ["A=1"]}]}}), [], healthy(4),
+        phase=c.PENDING, events={c.REASON_INVALID_SPEC}, status={"conditions.SpecValid": "False"}),
+]
 
 
 def lookup(status: dict[str, Any], dotted: str) -> Any:
@@ -335,7 +354,7 @@ def test_each_lost_node_gets_its_own_field_requirement() -> None:
     spec = render.pod_manifest(job(), 2, 0, 2, None, ["n2", "n1"])["spec"]
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
-                                   {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]  # fmt: skip
+                                   {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]}]
 
 
 def test_nodes_that_die_together_cost_one_restart() -> None:

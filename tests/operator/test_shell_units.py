@@ -22,7 +22,7 @@ from resilient_operator.workqueue import WorkQueue
         ({"conditions": [{"type": "A"}]}, {"conditions": [{"type": "A"}, {"type": "B"}]},
          {"conditions": [{"type": "A"}, {"type": "B"}]}),
     ],
-)  # fmt: skip
+)
 def test_merge_patch(old: dict, new: dict, patch: dict | None) -> None:
     assert merge_patch(old, new) == patch
 

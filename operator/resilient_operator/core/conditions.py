@@ -33,6 +33,6 @@ def set_condition(
 
 def get_condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
     for cond in status.get("conditions") or []:
-        if cond.get("type") == ctype:
+        if isinstance(cond, dict) and cond.get("type") == ctype:
             return cond
     return None

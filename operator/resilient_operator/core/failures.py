@@ -38,7 +38,7 @@ _DISRUPTION_REASONS = {
 CANNOT_START = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
      "CreateContainerError", "RunContainerError"}
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -97,19 +97,19 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
         victim = min((p for p in pods if p.node_name == names[0]), key=lambda p: p.rank)
         message = "; ".join(lost[n].message for n in names)
         return Failure(c.INFRASTRUCTURE, c.REASON_NODE_LOST, message, pod=victim.name, node=names[0],
-                       lost_nodes=tuple(names))  # fmt: skip
+                       lost_nodes=tuple(names))
     for pod in sorted(pods, key=lambda p: p.rank):
         if pod.disruption:
             reason = _DISRUPTION_REASONS.get(pod.disruption, c.REASON_DISRUPTED)
             return Failure(c.INFRASTRUCTURE, reason, f"pod {pod.name} disrupted: {pod.disruption}",
-                           pod=pod.name, node=pod.node_name)  # fmt: skip
+                           pod=pod.name, node=pod.node_name)
         if pod.phase == "Failed" and pod.reason in _INFRA_POD_REASONS:
             return Failure(c.INFRASTRUCTURE, _INFRA_POD_REASONS[pod.reason],
                            f"pod {pod.name} {pod.reason}: {pod.message}".rstrip(": "),
-                           pod=pod.name, node=pod.node_name)  # fmt: skip
+                           pod=pod.name, node=pod.node_name)
         if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
-                           pod=pod.name, node=pod.node_name)  # fmt: skip
+                           pod=pod.name, node=pod.node_name)
     if all_created:
         for rank in range(replicas):
             if rank not in by_rank:
@@ -120,13 +120,13 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
             detail = next((t.reason for t in pod.terminations if t.reason), "") or pod.reason
             return Failure(c.APPLICATION, c.REASON_APP_FAILED,
                            f"pod {pod.name} exited with code {code}" + (f" ({detail})" if detail else ""),
-                           pod=pod.name, node=pod.node_name, exit_code=code)  # fmt: skip
+                           pod=pod.name, node=pod.node_name, exit_code=code)
         stuck = CANNOT_START.intersection(pod.waiting_reasons)
         if stuck:
             why = sorted(stuck)[0]
             return Failure(c.APPLICATION, c.REASON_IMAGE_CANNOT_START,
                            f"pod {pod.name} cannot start its container: {why}; check the image and pod spec",
-                           pod=pod.name, node=pod.node_name)  # fmt: skip
+                           pod=pod.name, node=pod.node_name)
     return None
 
 

@@ -36,7 +36,7 @@ def fence(pods: Sequence[PodView], health: Health, planned: Collection[str] = ()
 
 
 def open_entry(status: MutableMapping[str, Any], attempt: int, replicas: int, resumed_step: int | None,
-               ts: str) -> None:  # fmt: skip
+               ts: str) -> None:
     history: list[dict[str, Any]] = status.setdefault("history", [])
     if history and history[-1].get("attempt") == attempt:
         return

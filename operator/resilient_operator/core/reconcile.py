@@ -47,7 +47,7 @@ class _Ctx:
     """The inputs of one reconcile, the node health judged once, and the status being edited."""
 
     def __init__(self, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView],
-                 listing: Listing, now: datetime) -> None:  # fmt: skip
+                 listing: Listing, now: datetime) -> None:
         self.job = job
         self.spec = job.spec
         self.pods = list(pods)
@@ -155,7 +155,7 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
     if listing.error and not listing.missing:
         if ctx.condition(c.COND_STORAGE, False, c.REASON_STORAGE_UNREADABLE,
                          f"{listing.error}; the job will not restart until the checkpoint root is readable "
-                         "by the operator (check the volume mount and its permissions)"):  # fmt: skip
+                         "by the operator (check the volume mount and its permissions)"):
             ctx.event("Warning", c.REASON_STORAGE_UNREADABLE, listing.error)
         ctx.plan.look_again(STORAGE_RETRY_SECONDS)
         return
@@ -179,7 +179,7 @@ def _cluster_disrupted(ctx: _Ctx) -> bool:
     if ctx.health.disrupted:
         lost, total = len(ctx.health.lost), len(ctx.health.nodes)
         message = (f"{lost} of {total} nodes look lost at once, as after a control-plane or network outage; "
-                   "not restarting until node heartbeats resume")  # fmt: skip
+                   "not restarting until node heartbeats resume")
         if ctx.condition(c.COND_NODES_REPORTING, False, c.REASON_DISRUPTION, message):
             ctx.event("Warning", c.REASON_DISRUPTION, message)
         ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
@@ -196,7 +196,7 @@ def _suspend(ctx: _Ctx) -> None:
         ctx.set_phase(c.SUSPENDED)
         ctx.condition(c.COND_RUNNING, False, c.REASON_SUSPENDED, "the job is suspended")
         ctx.event("Normal", c.REASON_SUSPENDED, f"suspended attempt {ctx.attempt}; its pods are being deleted "
-                  "and the job resumes from the latest checkpoint when spec.suspend is false")  # fmt: skip
+                  "and the job resumes from the latest checkpoint when spec.suspend is false")
     ctx.condition(c.COND_SUSPENDED, True, c.REASON_SUSPENDED, "spec.suspend is true")
 
 
@@ -233,7 +233,7 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
     resume = _resume_verdict(ctx.status)
     for rank in missing:
         ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
-                                                   ctx.health.lost_names))  # fmt: skip
+                                                   ctx.health.lost_names))
     if not missing and all(p.phase == "Running" for p in current):
         ctx.set_phase(c.RUNNING)
         fencing.record_nodes(ctx.status, ctx.attempt, current)
@@ -261,7 +261,7 @@ def _succeed(ctx: _Ctx) -> None:
 def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]) -> None:
     st = ctx.status
     last: dict[str, Any] = {"kind": failure.kind, "reason": failure.reason, "message": failure.message,
-                            "attempt": ctx.attempt, "time": ctx.ts}  # fmt: skip
+                            "attempt": ctx.attempt, "time": ctx.ts}
     for field, value in (("node", failure.node), ("pod", failure.pod), ("exitCode", failure.exit_code)):
         if value is not None:
             last[field] = value
@@ -274,12 +274,12 @@ def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]
     if spent.exhausted:
         _fail(ctx, spent.budget_reason, f"{failure.kind.lower()} restart budget ({spent.limit}) is spent; last "
               f"failure: {failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
-              "checkpoints are kept")  # fmt: skip
+              "checkpoints are kept")
         return
     st["restarts"][spent.key] = spent.count
     ctx.condition(c.COND_RUNNING, False, failure.reason, failure.message)
     ctx.condition(c.COND_RECOVERING, True, failure.reason,
-                  f"fencing attempt {ctx.attempt} and restarting: {failure.message}")  # fmt: skip
+                  f"fencing attempt {ctx.attempt} and restarting: {failure.message}")
     if spent.backoff_seconds is None:
         ctx.set_phase(c.RESTARTING)
         return
@@ -314,7 +314,7 @@ def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
     elif decision.action == growback.NOTICE:
         st["growBack"] = {"replicas": decision.target, "sinceStep": latest}
         ctx.event("Normal", c.REASON_GROW_BACK, f"capacity for {decision.target} workers is back; growing from "
-                  f"{replicas} at the next complete checkpoint")  # fmt: skip
+                  f"{replicas} at the next complete checkpoint")
     elif decision.action == growback.WAIT:
         st["growBack"]["replicas"] = decision.target
     else:
@@ -355,7 +355,7 @@ def _relaunch(ctx: _Ctx) -> None:
     if replicas is None:
         message = (f"need at least {spec.elastic.min_replicas} workers (a multiple of "
                    f"{spec.elastic.multiple_of}) but the healthy schedulable nodes hold {cap}; "
-                   "waiting for nodes to join or recover")  # fmt: skip
+                   "waiting for nodes to join or recover")
         if ctx.phase != c.WAITING_FOR_CAPACITY:
             ctx.event("Warning", c.REASON_BELOW_MIN, message)
         ctx.set_phase(c.WAITING_FOR_CAPACITY)
@@ -396,7 +396,7 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
         failure = st.get("lastFailure") or {}
         after = f" after: {failure['message']}" if failure.get("attempt") == attempt - 1 else ""
         ctx.event("Normal", c.REASON_STARTED,
-                  f"restarted {previous} -> {replicas} workers {source} as attempt {attempt}{after}")  # fmt: skip
+                  f"restarted {previous} -> {replicas} workers {source} as attempt {attempt}{after}")
 
 
 def _summarise(ctx: _Ctx) -> None:

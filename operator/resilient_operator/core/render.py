@@ -97,7 +97,7 @@ def avoid_nodes(spec: dict[str, Any], nodes: Sequence[str]) -> None:
 
 
 def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None,
-                 lost_nodes: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+                 lost_nodes: Sequence[str] = ()) -> dict[str, Any]:
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec = template["spec"]
