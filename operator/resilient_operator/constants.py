@@ -55,7 +55,6 @@ REASON_NODE_UNREACHABLE = "NodeUnreachable"
 REASON_NODE_LEASE_STALE = "NodeLeaseStale"
 REASON_NODE_DELETED = "NodeDeleted"
 REASON_POD_DELETED = "PodDeleted"
-REASON_POD_MISSING = "PodMissing"
 REASON_EVICTED = "Evicted"
 REASON_PREEMPTED = "Preempted"
 REASON_DISRUPTED = "DisruptionTarget"
@@ -66,7 +65,6 @@ REASON_SUSPENDED = "Suspended"
 REASON_RESUMED = "Resumed"
 REASON_STARTED = "AttemptStarted"
 REASON_ALL_RUNNING = "AllWorkersRunning"
-REASON_FENCING = "FencingAttempt"
 REASON_COMPLETED = "Completed"
 REASON_INFRA_BUDGET = "InfrastructureBudgetExhausted"
 REASON_APP_BUDGET = "ApplicationBudgetExhausted"
@@ -76,16 +74,13 @@ REASON_BACKOFF = "BackingOff"
 REASON_STORAGE_OK = "Readable"
 REASON_STORAGE_UNREADABLE = "StorageUnreadable"
 REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
-REASON_NEW_CHECKPOINT = "CheckpointCompleted"
 REASON_DISRUPTION = "ClusterDisruption"
 REASON_HEARTBEATS = "HeartbeatsFlowing"
 REASON_INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
 REASON_SPEC_OK = "SpecUsable"
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
-# Node facts Kubernetes itself defines.
-TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
-TAINT_NOT_READY = "node.kubernetes.io/not-ready"
+# The extended resource NVIDIA's device plugin advertises (tests and docs count GPUs by it).
 GPU_RESOURCE = "nvidia.com/gpu"
 
 HISTORY_LIMIT = 20
