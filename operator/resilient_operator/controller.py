@@ -62,7 +62,7 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
         kube.write_status(obj, patch)
-    for manifest in plan.create:
+    for manifest in plan.manifests():  # rendered one at a time
         try:
             kube.create(manifest)
         except ApiException as exc:

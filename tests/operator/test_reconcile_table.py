@@ -245,7 +245,7 @@ def lookup(status: dict[str, Any], dotted: str) -> Any:
 def test_reconcile(row: Row) -> None:
     plan = reconcile(row.job, row.pods, row.nodes, row.listing, NOW)
     assert plan.status["phase"] == row.phase
-    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
     if row.create_attempt is None:
         assert not pods, [p["metadata"]["name"] for p in pods]
     else:
@@ -290,7 +290,7 @@ def test_recovery_sequence_ends_with_one_smaller_gang() -> None:
     plan = reconcile(job(plan.status), survivors, lost, listing(10), NOW)
     assert plan.create == [] and plan.status["phase"] == c.RESTARTING
     plan = reconcile(job(plan.status), [], lost, listing(10), NOW)
-    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in pods] == ["demo-a2-0", "demo-a2-1", "demo-a2-2"]
     assert any("restarted 4 -> 3 workers from step-0000000010" in e.message for e in plan.events)
     history = plan.status["history"]
@@ -320,7 +320,7 @@ def test_avoiding_lost_nodes_keeps_the_users_affinity() -> None:
 def test_interrupted_launch_also_ensures_the_service() -> None:
     """Status says attempt 1 started but nothing was created: the Service comes before the pods."""
     plan = reconcile(job(running_status(phase=c.STARTING)), [], healthy(4), listing(), NOW)
-    assert [m["kind"] for m in plan.create] == ["Service", "Pod", "Pod", "Pod", "Pod"]
+    assert [m["kind"] for m in plan.manifests()] == ["Service", "Pod", "Pod", "Pod", "Pod"]
 
 
 def test_lease_deadline_is_the_next_look() -> None:
@@ -370,7 +370,7 @@ def test_nodes_that_die_together_cost_one_restart() -> None:
     # 9 s later: n0 and n1 renewed as usual, n2 never did and is past the 20 s timeout as well
     later = nodes_with(4, n3=dict(lease_age=34.0), n2=dict(lease_age=21.0))
     plan = reconcile(job(plan.status), [], later, listing(10), NOW)
-    pods = [m for m in plan.create if m["kind"] == "Pod"]
+    pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in pods] == ["demo-a2-0", "demo-a2-1"]
     assert plan.status["restarts"]["infrastructure"] == 1
     avoided = pods[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]

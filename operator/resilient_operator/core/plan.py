@@ -6,8 +6,13 @@ AlreadyExists is success), then emit events (only after the status write succeed
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+# A manifest rendered when the shell is about to create it, not before: a gang of N pods never sits in
+# memory as N deep copies of the template at once.
+Render = Callable[[], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -20,11 +25,16 @@ class Event:
 @dataclass
 class Plan:
     status: dict[str, Any]
-    create: list[dict[str, Any]] = field(default_factory=list)
+    create: list[Render] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     force_delete: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+
+    def manifests(self) -> Iterator[dict[str, Any]]:
+        """Render the objects to create, one at a time, in order."""
+        for render in self.create:
+            yield render()
 
     def look_again(self, seconds: float | None) -> None:
         """Keep the earliest wake-up any policy asked for."""

@@ -19,6 +19,7 @@ import copy
 import posixpath
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from resilient_contract.layout import Listing, Verdict, step_dir_name
@@ -229,11 +230,11 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
     present = {p.rank for p in current}
     missing = [r for r in range(replicas) if r not in present]
     if missing:  # a crash (or a refused create) between the status write and the creates
-        ctx.plan.create.append(render.service_manifest(ctx.job))
+        ctx.plan.create.append(partial(render.service_manifest, ctx.job))
     resume = _resume_verdict(ctx.status)
     for rank in missing:
-        ctx.plan.create.append(render.pod_manifest(ctx.job, ctx.attempt, rank, replicas, resume,
-                                                   ctx.health.lost_names))
+        ctx.plan.create.append(partial(render.pod_manifest, ctx.job, ctx.attempt, rank, replicas, resume,
+                                       ctx.health.lost_names))
     if not missing and all(p.phase == "Running" for p in current):
         ctx.set_phase(c.RUNNING)
         fencing.record_nodes(ctx.status, ctx.attempt, current)
@@ -386,9 +387,10 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
         st.pop("resumedFrom", None)
     ctx.set_phase(c.STARTING)
     fencing.open_entry(st, attempt, replicas, resume.step if resume else None, ctx.ts)
-    ctx.plan.create.append(render.service_manifest(ctx.job))
+    ctx.plan.create.append(partial(render.service_manifest, ctx.job))
     for rank in range(replicas):
-        ctx.plan.create.append(render.pod_manifest(ctx.job, attempt, rank, replicas, resume, ctx.health.lost_names))
+        ctx.plan.create.append(partial(render.pod_manifest, ctx.job, attempt, rank, replicas, resume,
+                                       ctx.health.lost_names))
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")
