@@ -30,7 +30,7 @@ from e2e.support import (
     running_attempt,
     worker_script,
 )  # fmt: skip
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import environment
 from resilient_operator import constants as c
 

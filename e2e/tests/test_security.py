@@ -43,7 +43,7 @@ from e2e.support import (
     wait_operator_ready,
     wait_phase,
 )  # fmt: skip
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import layout
 from resilient_operator import constants as c
 from tests.contracts.test_crd import INVALID
