@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 1 << 20
 MAX_REQUEST_BYTES = 1 << 16
 MAX_ROOT_CHARS = 4096
-RECYCLE_RSS_BYTES = 128 * 1024 * 1024  # a worker that grew past this is replaced after answering
+RECYCLE_RSS_BYTES = 128 * 1024 * 1024  # a worker that still holds this much is replaced after answering
 COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retried for this many deadlines
 MAX_COOLDOWN_ENTRIES = 4096
 
@@ -58,7 +58,7 @@ class DiscoveryPool:
     """Runs `layout.discover` for (root, namespace) in sandboxed workers; thread-safe; never raises."""
 
     config: DiscoverySettings
-    user: int | None = None  # run workers as this uid (tests that need permission bits to bite, as root)
+    prefix: tuple[str, ...] = ()  # a command to start workers under (e.g. setpriv dropping capabilities)
     _slots: queue.Queue[_Worker | None] = field(default_factory=queue.Queue, init=False)
     _cooldown: dict[tuple[str, str], tuple[float, layout.Listing]] = field(default_factory=dict, init=False)
     _dying: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
@@ -109,20 +109,20 @@ class DiscoveryPool:
 
     def _call(self, worker: _Worker | None, root: str, area: str) -> tuple[layout.Listing, _Worker | None]:
         self._reap()
-        if worker is None or worker.proc.poll() is not None:
+        request = json.dumps({"root": root, "area": area}).encode() + b"\n"
+        reused = worker is not None and worker.proc.poll() is None
+        if not reused:
+            worker = self._spawn()
+        if worker is None:
+            return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
+        line = self._exchange(worker, request)
+        if line == b"" and reused:
+            # An idle worker can die for reasons of its own (killed between calls): one fresh try.
+            self._kill(worker)
             worker = self._spawn()
             if worker is None:
                 return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
-        request = json.dumps({"root": root, "area": area}).encode() + b"\n"
-        deadline = time.monotonic() + self.config.timeout_seconds
-        try:
-            assert worker.proc.stdin is not None
-            worker.proc.stdin.write(request)
-            worker.proc.stdin.flush()
-            line = _read_line(worker.proc, deadline)
-        except (BrokenPipeError, OSError):
-            line = b""
-        worker.calls += 1
+            line = self._exchange(worker, request)
         if line is None:
             self._kill(worker)
             return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
@@ -144,16 +144,28 @@ class DiscoveryPool:
             return listing, None
         return listing, worker
 
+    def _exchange(self, worker: _Worker, request: bytes) -> bytes | None:
+        """Send one request; the answer line, b"" if the worker died, None past the deadline."""
+        deadline = time.monotonic() + self.config.timeout_seconds
+        worker.calls += 1
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write(request)
+            worker.proc.stdin.flush()
+            return _read_line(worker.proc, deadline)
+        except OSError:  # BrokenPipeError: it died before reading
+            return b""
+
     # ---- workers -------------------------------------------------------------------------------
     def _spawn(self) -> _Worker | None:
         cpu = int(self.config.timeout_seconds) + 2
-        command = [sys.executable, "-P", "-m", "resilient_operator.discovery", "--worker",
+        command = [*self.prefix, sys.executable, "-P", "-m", "resilient_operator.discovery", "--worker",
                    "--memory-bytes", str(self.config.memory_bytes), "--cpu-seconds", str(cpu),
                    "--metadata-max-bytes", str(self.config.metadata_max_bytes),
                    "--max-steps", str(self.config.max_steps)]  # fmt: skip
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", close_fds=True,
-                                    bufsize=0, user=self.user)  # fmt: skip
+                                    bufsize=0)  # fmt: skip
         except OSError:
             log.exception("cannot start a checkpoint discovery worker")
             return None
@@ -304,6 +316,15 @@ def _cpu_used() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _current_rss() -> int:
+    """Resident bytes now (ru_maxrss would include the pre-exec parent's pages on Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) -> None:
     """Answer one JSON request line at a time until EOF. Runs inside the worker process."""
     while True:
@@ -318,7 +339,7 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
         except Exception:
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "the discovery worker got a malformed request")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss = _current_rss()
         recycle = rss > RECYCLE_RSS_BYTES or listing.reason == layout.REASON_DISCOVERY_FAILED
         stdout.write(json.dumps({"listing": listing.to_dict(), "recycle": recycle}).encode() + b"\n")
         stdout.flush()

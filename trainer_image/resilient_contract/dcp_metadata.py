@@ -192,6 +192,8 @@ class _Builder:
             raise MalformedMetadata(".metadata modifies a container after nesting it (not written by DCP)")
         d = self._depth(container)
         for child in children:
+            if child is container:
+                raise MalformedMetadata(".metadata puts a container inside itself (not written by DCP)")
             d = max(d, self._insert(child) + 1)
         self._check_depth(d)
         self.depth[id(container)] = d
