@@ -81,7 +81,7 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
     body: dict[str, Any] = {
         "replicas": replicas,
         "elasticPolicy": {"minReplicas": min_replicas},
-        "checkpoint": {"root": f"{MOUNT}/{ns}-{name}"},
+        "checkpoint": {"root": f"{MOUNT}/{ns}/{name}"},
         "nodeLossTimeoutSeconds": 4,
         "template": {"spec": {
             "terminationGracePeriodSeconds": 2,

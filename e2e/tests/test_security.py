@@ -102,7 +102,7 @@ class _RunsCode:
 
 @pytest.mark.timeout(240)
 def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
-    root = cluster.host_path(f"{HOST_DIR}/{namespace}-evil")
+    root = cluster.host_path(f"{HOST_DIR}/{namespace}/evil")
     make_checkpoint(root, step=12)
     evil = make_checkpoint(root, step=24)
     marker = Path(f"/dev/shm/rtj-pwned-{namespace}")  # visible to every pod process and to this test
@@ -116,7 +116,7 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace:
     apply(cluster, job_manifest("evil", namespace, replicas=2))
     pods = running_attempt(cluster, namespace, "evil", 1, 2)
     resume = {e.name: e.value for e in pods[0].spec.containers[0].env}.get("RTJ_RESUME_FROM")
-    assert resume == f"{MOUNT}/{namespace}-evil/step-0000000012"
+    assert resume == f"{MOUNT}/{namespace}/evil/step-0000000012"
     status = job_status(cluster, namespace, "evil")
     assert status["latestCheckpoint"]["step"] == 12 and status["resumedFrom"]["step"] == 12
     story = wait_for(lambda: [e for e in events(cluster, namespace, "evil")
@@ -129,7 +129,8 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace:
 # ---- unreadable checkpoint root ------------------------------------------------------------------------
 @pytest.mark.timeout(240)
 def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster, namespace: str) -> None:
-    host = cluster.host_path(f"{HOST_DIR}/{namespace}-unread")
+    host = cluster.host_path(f"{HOST_DIR}/{namespace}/unread")
+    host.parent.mkdir(parents=True, exist_ok=True)
     host.write_text("a file where the checkpoint directory should be\n")
     restarts = operator_restarts(cluster)
     apply(cluster, job_manifest("unread", namespace, replicas=2))

@@ -51,7 +51,7 @@ def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     """The example job, dumping its final state beside its checkpoint root for comparison."""
     scenarios.shared_claim(cluster, ns)
     kw.setdefault("steps", STEPS)
-    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}-{name}.pt",), **kw)
+    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",), **kw)
     cluster.apply(job)
     return job
 

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from resilient_contract import layout
 from resilient_operator import constants as c
-from resilient_operator import metrics, views
+from resilient_operator import discovery, metrics, views
 from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
@@ -49,7 +49,10 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     pods = [views.pod_view(p) for p in kube.list_job_pods(namespace, name)]
     raw_nodes, leases = kube.nodes_and_leases()
     nodes = {n["metadata"]["name"]: views.node_view(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
-    listing = layout.discover(job.spec.checkpoint_root) if not job.problem else layout.Listing("", None, (), None, True)
+    if job.problem:  # the core refuses the job; nothing to read
+        return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
+    # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
+    listing = discovery.discover(job.spec.checkpoint_root, namespace)
     return obj, job, pods, nodes, listing
 
 
