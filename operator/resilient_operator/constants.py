@@ -76,6 +76,7 @@ REASON_STORAGE_UNREADABLE = "StorageUnreadable"
 REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
 REASON_DISRUPTION = "ClusterDisruption"
 REASON_HEARTBEATS = "HeartbeatsFlowing"
+REASON_FENCED_WRITER = "FencedGangWriting"  # a fenced attempt's cut-off gang saved a checkpoint
 REASON_INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
 REASON_SPEC_OK = "SpecUsable"
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)

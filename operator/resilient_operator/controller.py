@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from resilient_contract import layout
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
-from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
+from resilient_operator.core import Job, NodeView, Plan, PodView, fencing, reconcile
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -52,7 +52,7 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     if job.problem:  # the core refuses the job; nothing to read
         return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
     # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
-    listing = discovery.discover(job.spec.checkpoint_root, namespace)
+    listing = discovery.discover(job.spec.checkpoint_root, namespace, job.uid, fencing.lineage_starts(job.status))
     return obj, job, pods, nodes, listing
 
 

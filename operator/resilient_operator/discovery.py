@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +70,10 @@ class DiscoveryPool:
             self._slots.put(None)  # spawned on first use
 
     # ---- the call ------------------------------------------------------------------------------
-    def discover(self, root: str, namespace: str) -> layout.Listing:
-        """The root's Listing, within about one deadline (two if every worker was busy)."""
+    def discover(self, root: str, namespace: str, job: str | None = None,
+                 starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
+        """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
+        and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
         area = self.config.area_for(namespace)
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
             return _failed(str(root)[:200], layout.REASON_INVALID_ROOT, "checkpoint root is too long")
@@ -87,7 +90,7 @@ class DiscoveryPool:
                            f"every checkpoint discovery worker stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
-            listing, worker = self._call(worker, root, area)
+            listing, worker = self._call(worker, root, area, job, starts)
         finally:
             self._slots.put(worker)
         if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
@@ -107,9 +110,10 @@ class DiscoveryPool:
                     del self._cooldown[next(iter(self._cooldown))]
             self._cooldown[key] = (now + pause, held)
 
-    def _call(self, worker: _Worker | None, root: str, area: str) -> tuple[layout.Listing, _Worker | None]:
+    def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
+              starts: Sequence[tuple[int, int | None]] = ()) -> tuple[layout.Listing, _Worker | None]:
         self._reap()
-        request = json.dumps({"root": root, "area": area}).encode() + b"\n"
+        request = json.dumps({"root": root, "area": area, "job": job, "starts": list(starts)}).encode() + b"\n"
         reused = worker is not None and worker.proc.poll() is None
         if not reused:
             worker = self._spawn()
@@ -288,14 +292,15 @@ def shutdown() -> None:
         old.close()
 
 
-def discover(root: str, namespace: str) -> layout.Listing:
+def discover(root: str, namespace: str, job: str | None = None,
+             starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
     """The operator's entry point: the pool from `start`, or one built from the environment on first use."""
     global _pool
     with _pool_lock:
         if _pool is None:
             _pool = DiscoveryPool(DiscoverySettings.from_environ())
         pool = _pool
-    return pool.discover(root, namespace)
+    return pool.discover(root, namespace, job, starts)
 
 
 # ---- the worker side ----------------------------------------------------------------------------
@@ -334,7 +339,10 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
         _limit(resource.RLIMIT_CPU, int(_cpu_used()) + cpu_seconds)  # per call: SIGXCPU past it
         try:
             request = json.loads(line)
-            listing = layout.discover(str(request["root"]), str(request["area"]), limits)
+            job = request.get("job")
+            starts = [(int(a), None if r is None else int(r)) for a, r in request.get("starts") or []]
+            listing = layout.discover(str(request["root"]), str(request["area"]), limits,
+                                      job=str(job) if job is not None else None, starts=starts)
         except MemoryError:
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
         except Exception:

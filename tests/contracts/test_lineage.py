@@ -7,6 +7,8 @@ import pytest
 from resilient_contract import lineage
 from resilient_contract.lineage import Lineage
 
+JOB = "3f1c-uid"
+
 
 @pytest.mark.parametrize(
     ("name", "starts", "step", "writer", "fence"),
@@ -18,30 +20,36 @@ from resilient_contract.lineage import Lineage
         ("fenced two attempts later", {1: None, 2: 10, 3: 30}, 31, 2, 3),
         ("an attempt two back, valid through both later starts", {1: None, 2: 10, 3: 30}, 10, 1, None),
         ("an attempt two back, past the middle one's start", {1: None, 2: 10, 3: 30}, 20, 1, 2),
-        ("no writer token: predates tokens", {1: None, 2: 10}, 20, None, None),
         ("writer newer than any known start (its mark not written yet)", {1: None}, 20, 2, None),
     ],
 )
-def test_rule(name: str, starts: dict[int, int | None], step: int, writer: int | None, fence: int | None) -> None:
-    assert Lineage(starts).fenced_by(step, writer) == fence, name
-    assert (Lineage(starts).refusal(step, writer) is None) == (fence is None)
+def test_rule(name: str, starts: dict[int, int | None], step: int, writer: int, fence: int | None) -> None:
+    rule = Lineage(JOB, starts)
+    assert rule.fenced_by(step, (JOB, writer)) == fence, name
+    assert (rule.refusal(step, (JOB, writer)) is None) == (fence is None)
 
 
-def test_the_operators_record_wins_and_marks_round_trip() -> None:
-    from_storage = [(1, None), (2, 8)]
-    from_status = [(2, 10)]
-    assert Lineage.merge(from_storage, from_status).starts == {1: None, 2: 10}
-    assert lineage.parse_marker(lineage.format_marker(3, 12)) == (3, 12)
-    assert lineage.parse_marker(lineage.format_marker(1, None)) == (1, None)
-    assert lineage.parse_marker_name(lineage.marker_name(7)) == 7
-    assert lineage.parse_writer(lineage.format_writer(4)) == 4
+def test_tokens_of_another_incarnation_or_none_are_left_to_the_other_rules() -> None:
+    rule = Lineage(JOB, {1: None, 2: 10})
+    assert rule.fenced_by(20, None) is None  # older than tokens
+    assert rule.fenced_by(20, ("an-earlier-job-with-the-same-name", 1)) is None
+
+
+def test_the_operators_record_wins_and_tokens_round_trip() -> None:
+    assert Lineage.merge(JOB, [(1, None), (2, 8)], [(2, 10)]).starts == {1: None, 2: 10}
+    assert lineage.parse_marker(lineage.format_marker(JOB, 3, 12)) == (JOB, 3, 12)
+    assert lineage.parse_marker(lineage.format_marker(JOB, 1, None)) == (JOB, 1, None)
+    assert lineage.parse_marker_name(lineage.marker_name(JOB, 7)) == (JOB, 7)
+    assert lineage.parse_writer(lineage.format_writer(JOB, 4)) == (JOB, 4)
+    assert lineage.job_id(None) == lineage.job_id("../x") == lineage.LOCAL_JOB
 
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"{", b"[]", b'{"attempt": 0}', b'{"attempt": true}', b'{"attempt": 2, "resumed_step": -1}',
-     b'{"attempt": "2"}', b"x" * 1000, b'[' * 100_000],
+    [b"", b"{", b"[]", b'{"job": "a", "attempt": 0}', b'{"job": "a", "attempt": true}',
+     b'{"job": "a", "attempt": 2, "resumed_step": -1}', b'{"job": "a", "attempt": "2"}',
+     b'{"job": "../x", "attempt": 2}', b"x" * 1000, b"[" * 100_000, b"attempt=1 job=a\xff"],
 )
-def test_hostile_marks_are_ignored(data: bytes) -> None:
+def test_hostile_tokens_are_ignored(data: bytes) -> None:
     assert lineage.parse_marker(data) is None
     assert lineage.parse_writer(data) is None

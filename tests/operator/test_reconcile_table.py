@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from resilient_contract import completion, environment
-from resilient_contract.layout import Listing
+from resilient_contract.layout import Listing, Verdict
 from resilient_operator import constants as c
-from resilient_operator.core import Job, NodeView, PodView, reconcile, render
+from resilient_operator.core import Job, NodeView, PodView, fencing, reconcile, render
 from resilient_operator.core.timeutil import fmt
 from tests.operator.builders import (
     CKPT_ROOT,
@@ -376,3 +376,20 @@ def test_nodes_that_die_together_cost_one_restart() -> None:
     avoided = pods[0]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     (term,) = avoided["nodeSelectorTerms"]
     assert {v for rule in term["matchFields"] for v in rule["values"]} == {"n2", "n3"}
+
+
+def test_a_fenced_gang_seen_saving_is_told_once_and_kept_in_history() -> None:
+    """Discovery refused a checkpoint that attempt 1's cut-off gang committed after attempt 2 started."""
+    late = Verdict(30, f"{CKPT_ROOT}/step-0000000030", False, "written by attempt 1 after attempt 2 fenced it",
+                   fenced_writer=1)
+    history = [{"attempt": 1, "replicas": 4, "startTime": fmt(NOW), "nodes": ["n3"]},
+               {"attempt": 2, "replicas": 3, "startTime": fmt(NOW), "resumedFromStep": 20}]
+    seen = Listing(CKPT_ROOT, Verdict(20, f"{CKPT_ROOT}/step-0000000020", True), (late,))
+    plan = reconcile(job(running_status(attempt=2, replicas=3, history=history)), gang(2, 3), healthy(4), seen, NOW)
+    warned = [e for e in plan.events if e.reason == c.REASON_FENCED_WRITER]
+    assert len(warned) == 1 and "n3" in warned[0].message and "step-0000000030" in warned[0].message
+    assert plan.status["history"][0]["lateWrite"]["step"] == 30
+    assert plan.status["latestCheckpoint"]["step"] == 20
+    again = reconcile(job(plan.status), gang(2, 3), healthy(4), seen, NOW)
+    assert not [e for e in again.events if e.reason == c.REASON_FENCED_WRITER]
+    assert fencing.lineage_starts(plan.status) == [(1, None), (2, 20)]

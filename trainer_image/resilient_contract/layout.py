@@ -24,17 +24,19 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from resilient_contract import dcp_metadata
+from resilient_contract import dcp_metadata, lineage
 
 METADATA_FILE = ".metadata"
 STEP_DIR_PREFIX = "step-"
 STEP_DIGITS = 10
-_STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}(\d{{{STEP_DIGITS}}})$")
+# `step-<10 digits>`, or `step-<10 digits>.a<attempt>` when another attempt already held the plain name
+# (see lineage.py: no directory is ever shared by two attempts).
+_STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}(\d{{{STEP_DIGITS}}})(?:\.a(\d{{1,9}}))?$")
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")  # a shard name we may echo in a message
 MAX_SHARD_FILES = 100_000
 
@@ -51,11 +53,19 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def step_dir_name(step: int) -> str:
-    """`step-0000001200`: fixed width so names sort in step order."""
+def step_dir_name(step: int, attempt: int | None = None) -> str:
+    """`step-0000001200` (fixed width so names sort in step order); `step-0000001200.a3` for attempt 3's save
+    of a step whose plain name another attempt already holds."""
     if step < 0 or step >= 10**STEP_DIGITS:
         raise ValueError(f"step {step} does not fit the {STEP_DIGITS}-digit layout")
-    return f"{STEP_DIR_PREFIX}{step:0{STEP_DIGITS}d}"
+    base = f"{STEP_DIR_PREFIX}{step:0{STEP_DIGITS}d}"
+    return base if attempt is None else f"{base}.a{attempt}"
+
+
+def step_dir_attempt(name: str) -> int | None:
+    """The attempt a `step-<digits>.a<attempt>` name is reserved for; None for a plain name."""
+    match = _STEP_DIR_RE.match(name)
+    return int(match.group(2)) if match and match.group(2) else None
 
 
 def parse_step_dir(name: str) -> int | None:
@@ -342,20 +352,33 @@ class Verdict:
     path: str
     complete: bool
     reason: str = ""
+    fenced_writer: int | None = None  # refused by the lineage: the attempt whose cut-off gang wrote it
 
 
 def _shard_label(rel: str) -> str:
     return f"shard {rel}" if _SAFE_NAME_RE.fullmatch(rel) else "a shard with an unprintable name"
 
 
-def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = dcp_metadata.DEFAULT_LIMITS) -> Verdict:
-    """The completeness rule, in one place. Storage trouble becomes a verdict, never an exception."""
+def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = dcp_metadata.DEFAULT_LIMITS,
+               rule: lineage.Lineage | None = None) -> Verdict:
+    """The completeness rule, in one place. Storage trouble becomes a verdict, never an exception.
+
+    With `rule` (the job's lineage), a directory a fenced attempt wrote is refused too (see lineage.py)."""
     step = parse_step_dir(name)
     if step is None:
         raise ValueError(f"{name!r} is not a step directory")
     path = store.join(name)
     try:
+        writer = _writer(store, name)
+        reserved = step_dir_attempt(name)
+        if reserved is not None and (writer is None or writer[1] != reserved):
+            return Verdict(step, path, False, f"the directory is reserved for attempt {reserved} but holds no "
+                           "writer token of that attempt")
         reason = _incomplete_because(store, name, limits)
+        # Complete, yet written by an attempt fenced before this step was: its .metadata came after the fence
+        # (the decision took the newest complete checkpoint, older than this one), so a cut-off gang wrote it.
+        if reason is None and rule is not None and (refused := rule.refusal(step, writer)):
+            return Verdict(step, path, False, refused, fenced_writer=writer[1] if writer else None)
     except UnsafeEntry as exc:
         reason = f"the step directory is {exc.kind}"
     except StorageError as exc:
@@ -363,6 +386,30 @@ def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = 
     except OSError as exc:
         reason = f"the step directory is unreadable ({_errno_name(exc)})"
     return Verdict(step, path, reason is None, reason or "")
+
+
+def _writer(store: CheckpointStore, name: str) -> tuple[str, int] | None:
+    try:
+        return lineage.parse_writer(store.read_bytes(posixpath.join(name, lineage.WRITER_FILE),
+                                                     lineage.MAX_TOKEN_BYTES))
+    except UnsafeEntry:
+        return None  # a token that is not a small regular file is no token
+
+
+def read_lineage(store: CheckpointStore, job: str) -> list[tuple[int, int | None]]:
+    """(attempt, resumed step) from the job's fence marks in the root: the newest `lineage.MAX_MARKS`."""
+    names = heapq.nlargest(lineage.MAX_MARKS, (
+        (parsed[1], name) for name, kind in store.iter_entries()
+        if kind == "other" and (parsed := lineage.parse_marker_name(name)) and parsed[0] == job))
+    out = []
+    for attempt, name in names:
+        try:
+            mark = lineage.parse_marker(store.read_bytes(name, lineage.MAX_TOKEN_BYTES))
+        except UnsafeEntry:
+            continue
+        if mark and mark[0] == job and mark[1] == attempt:
+            out.append((attempt, mark[2]))
+    return out
 
 
 def _incomplete_because(store: CheckpointStore, name: str, limits: dcp_metadata.Limits) -> str | None:
@@ -532,26 +579,34 @@ def _typed(value: Any, kind: type, optional: bool = False) -> Any:
 
 
 def _verdict_dict(v: Verdict | None) -> dict[str, Any] | None:
-    return None if v is None else {"step": v.step, "path": v.path, "complete": v.complete, "reason": v.reason}
+    return None if v is None else {"step": v.step, "path": v.path, "complete": v.complete, "reason": v.reason,
+                                   "fenced_writer": v.fenced_writer}
 
 
 def _verdict(data: Any) -> Verdict:
     if not isinstance(data, dict):
         raise ValueError("a verdict must be an object")
     return Verdict(_typed(data.get("step"), int), _typed(data.get("path"), str), _typed(data.get("complete"), bool),
-                   _typed(data.get("reason"), str))  # fmt: skip
+                   _typed(data.get("reason"), str), _typed(data.get("fenced_writer"), int, optional=True))
 
 
-def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCAN) -> Listing:
+def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCAN, job: str | None = None,
+             starts: Iterable[tuple[int, int | None]] = ()) -> Listing:
     """Find the latest complete checkpoint under a root. Never raises: every failure is `Listing.error`.
 
     With `area` (the operator always passes its namespace's area), a root outside it is refused
     before any filesystem access, and the root's path below the area must hold no symlink.
+    With `job` (its uid), directories a fenced attempt of that job wrote are refused: the lineage is the
+    job's fence marks in the root merged with `starts` (the operator's record: attempt, resumed step).
     """
     store: CheckpointStore | None = None
     try:
         store = open_store(uri) if area is None else open_root(uri, area)
-        return _scan(store, uri, limits)
+        rule = None
+        if job is not None:
+            jid = lineage.job_id(job)
+            rule = lineage.Lineage.merge(jid, read_lineage(store, jid), starts)
+        return _scan(store, uri, limits, rule)
     except RootMissing as exc:
         return Listing(uri, None, (), str(exc), missing=True, reason=exc.reason)
     except StorageError as exc:
@@ -566,7 +621,7 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
             store.close()
 
 
-def _scan(store: CheckpointStore, uri: str, limits: ScanLimits) -> Listing:
+def _scan(store: CheckpointStore, uri: str, limits: ScanLimits, rule: lineage.Lineage | None = None) -> Listing:
     entries, total = newest_step_entries(store, limits.max_steps)
     skipped: list[Verdict] = []
     count = 0
@@ -574,7 +629,7 @@ def _scan(store: CheckpointStore, uri: str, limits: ScanLimits) -> Listing:
         if kind == "symlink":
             verdict = Verdict(step, store.join(name), False, "the step directory is a symlink (not followed)")
         else:
-            verdict = check_step(store, name, limits.metadata)
+            verdict = check_step(store, name, limits.metadata, rule)
         if verdict.complete:
             return Listing(uri, verdict, tuple(skipped), skipped_total=count)
         count += 1

@@ -181,6 +181,14 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
     ctx.condition(c.COND_STORAGE, True, c.REASON_STORAGE_OK, f"checkpoint root {listing.root} is readable")
     if listing.latest:
         st["latestCheckpoint"] = {"path": listing.latest.path, "step": listing.latest.step}
+    for verdict in listing.skipped:
+        if verdict.fenced_writer is not None and (
+            entry := fencing.note_late_write(st, verdict.fenced_writer, verdict.step, verdict.path, ctx.ts)
+        ):
+            where = f" on node(s) {', '.join(entry['nodes'])}" if entry.get("nodes") else ""
+            ctx.event("Warning", c.REASON_FENCED_WRITER,
+                      f"attempt {verdict.fenced_writer}'s gang{where} was fenced but kept saving: "
+                      f"{verdict.path} is refused as a resume source; check that node's containers are gone")
 
 
 def _storage_ok(ctx: _Ctx) -> bool:

@@ -1,0 +1,111 @@
+"""The fencing-token rule on hand-made trees of real DCP checkpoints: which directory counts after a partition."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from resilient_contract import layout, lineage
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+JOB = "job-uid-1"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "ckpt"
+    with pytest.warns(UserWarning):  # single-process save warns that no process group exists
+        dcp.save({"w": torch.randn(16, 16)}, storage_writer=dcp.FileSystemWriter(str(path)))
+    return path
+
+
+def put(root: Path, template: Path, step: int, writer: int | None, name_attempt: int | None = None,
+        complete: bool = True, job: str = JOB) -> Path:
+    path = root / layout.step_dir_name(step, name_attempt)
+    shutil.copytree(template, path)
+    if writer is not None:
+        (path / lineage.WRITER_FILE).write_bytes(lineage.format_writer(job, writer))
+    if not complete:
+        (path / layout.METADATA_FILE).unlink()
+    return path
+
+
+def mark(root: Path, attempt: int, resumed: int | None, job: str = JOB) -> None:
+    (root / lineage.marker_name(job, attempt)).write_bytes(lineage.format_marker(job, attempt, resumed))
+
+
+def latest(root: Path, starts: tuple[tuple[int, int | None], ...] = ()) -> layout.Listing:
+    return layout.discover(str(root), job=JOB, starts=starts)
+
+
+def test_a_fenced_attempts_late_metadata_is_refused(tmp_path: Path, template: Path) -> None:
+    """Attempt 1 lost a node after step 20; attempt 2 resumed from 20; attempt 1's cut-off rank 0 then
+    committed step 30. Without the rule, step 30 (a dead branch) would be the resume source."""
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=1)
+    mark(tmp_path, 1, None)
+    mark(tmp_path, 2, 20)
+    found = latest(tmp_path)
+    assert found.latest is not None and found.latest.step == 20
+    assert found.skipped[0].step == 30 and found.skipped[0].fenced_writer == 1
+    assert "fenced" in found.skipped[0].reason
+    assert layout.discover(str(tmp_path)).latest.step == 30  # type: ignore[union-attr]  # the rule off: the bug
+
+
+def test_the_operators_record_fences_before_the_new_gang_wrote_its_mark(tmp_path: Path, template: Path) -> None:
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=1)
+    mark(tmp_path, 1, None)
+    assert latest(tmp_path).latest.step == 30  # type: ignore[union-attr]  # nothing says attempt 1 was fenced
+    assert latest(tmp_path, starts=((2, 20),)).latest.step == 20  # type: ignore[union-attr]
+
+
+def test_same_step_by_two_attempts_never_shares_a_directory(tmp_path: Path, template: Path) -> None:
+    """Both gangs saved step 30: the cut-off one took the plain name first, the new one used `.a2`."""
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=1)
+    put(tmp_path, template, 30, writer=2, name_attempt=2)
+    mark(tmp_path, 2, 20)
+    found = latest(tmp_path)
+    assert found.latest is not None and found.latest.path.endswith("step-0000000030.a2")
+    mark(tmp_path, 3, 30)  # a later restart from the new gang's step 30
+    assert latest(tmp_path).latest.path.endswith("step-0000000030.a2")  # type: ignore[union-attr]
+
+
+def test_a_reserved_name_without_its_writer_is_refused(tmp_path: Path, template: Path) -> None:
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=1, name_attempt=2)  # named for attempt 2, written by 1: a mix
+    found = latest(tmp_path)
+    assert found.latest.step == 20 and "reserved for attempt 2" in found.skipped[0].reason  # type: ignore[union-attr]
+
+
+def test_incomplete_dirs_of_a_fenced_attempt_are_not_blamed(tmp_path: Path, template: Path) -> None:
+    """A save in flight when the node died is incomplete, not a late write: no fenced writer reported."""
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=1, complete=False)
+    mark(tmp_path, 2, 20)
+    found = latest(tmp_path)
+    assert found.latest.step == 20 and found.skipped[0].fenced_writer is None  # type: ignore[union-attr]
+
+
+def test_other_incarnations_and_untokened_dirs_follow_the_other_rules(tmp_path: Path, template: Path) -> None:
+    put(tmp_path, template, 20, writer=None)  # written before tokens existed
+    put(tmp_path, template, 30, writer=5, job="an-earlier-job")  # the job was deleted and recreated
+    mark(tmp_path, 2, None)
+    mark(tmp_path, 9, 0, job="an-earlier-job")
+    assert latest(tmp_path).latest.step == 30  # type: ignore[union-attr]
+
+
+def test_hostile_marks_do_not_break_discovery(tmp_path: Path, template: Path) -> None:
+    put(tmp_path, template, 20, writer=1)
+    (tmp_path / lineage.marker_name(JOB, 2)).write_bytes(b"\x80" * 100)
+    (tmp_path / lineage.marker_name(JOB, 3)).mkdir()
+    (tmp_path / lineage.marker_name(JOB, 4)).symlink_to("/etc/passwd")
+    (tmp_path / "step-0000000020" / lineage.WRITER_FILE).unlink()
+    (tmp_path / "step-0000000020" / lineage.WRITER_FILE).symlink_to("/etc/hostname")
+    found = latest(tmp_path)
+    assert found.error is None and found.latest is not None and found.latest.step == 20
