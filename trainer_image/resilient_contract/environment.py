@@ -20,6 +20,7 @@ CHECKPOINT_ROOT = "RTJ_CHECKPOINT_ROOT"
 RESUME_FROM = "RTJ_RESUME_FROM"  # absent on a fresh start
 ATTEMPT = "RTJ_ATTEMPT"
 JOB_NAME = "RTJ_JOB_NAME"
+JOB_UID = "RTJ_JOB_UID"  # the job object's uid: fencing tokens name the job incarnation (lineage.py)
 DESIRED_NNODES = "RTJ_DESIRED_NNODES"  # the job's desired worker count, for logs and grow-back
 CHECKPOINT_KEEP = "RTJ_CHECKPOINT_KEEP"  # spec.checkpoint.keep: complete checkpoints the trainer retains
 
@@ -33,6 +34,7 @@ ALL_NAMES = (
     RESUME_FROM,
     ATTEMPT,
     JOB_NAME,
+    JOB_UID,
     DESIRED_NNODES,
     CHECKPOINT_KEEP,
 )
@@ -60,6 +62,7 @@ class WorkerEnv:
     resume_from: str | None = None
     desired_nnodes: int | None = None
     checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
+    job_uid: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -82,6 +85,8 @@ class WorkerEnv:
             env[RESUME_FROM] = self.resume_from
         if self.desired_nnodes is not None:
             env[DESIRED_NNODES] = str(self.desired_nnodes)
+        if self.job_uid:
+            env[JOB_UID] = self.job_uid
         return env
 
     @classmethod
@@ -112,6 +117,7 @@ class WorkerEnv:
             resume_from=resume_from(env),
             desired_nnodes=_integer(DESIRED_NNODES, desired, 1) if desired else None,
             checkpoint_keep=checkpoint_keep(env),
+            job_uid=env.get(JOB_UID) or None,
         )
 
 

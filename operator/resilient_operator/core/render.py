@@ -73,6 +73,7 @@ def worker_env(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict
         resume_from=resume.path if resume else None,
         desired_nnodes=job.spec.replicas,
         checkpoint_keep=job.spec.keep,
+        job_uid=job.uid or None,
     )
 
 
