@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from resilient_contract import completion, environment
-from resilient_trainer.dist import DistContext
+
+if TYPE_CHECKING:  # torch-free at run time
+    from resilient_trainer.dist import DistContext
 
 
 def current_attempt() -> str:
