@@ -24,9 +24,11 @@ Design choices and the traps they avoid:
 - Resume loads the *sharded* state dict on every rank (DCP reshards N->M); it never uses
   `broadcast_from_rank0` with empty dicts on non-zero ranks, which deadlocks.
 - Save/load collectives run on `ctx.checkpoint_group`, a gloo group separate from training's.
-- The upload thread runs at a lower CPU priority (`upload_niceness`, a per-thread nice on Linux): on a
-  CPU-bound host it otherwise takes cores from the training threads, and the loop pays for the "async"
-  save in slower steps instead of in blocked time.
+- `upload_niceness` (off by default) renices the upload thread (Linux nice is per thread). Measured
+  on 2 shared cores (bench/checkpoint_bench.py): it makes the loop's cost per save *worse* (0.83 ->
+  3.46 s, the upload 1.5 -> 8.1 s): a niced thread that holds the GIL when it is preempted stalls the
+  training thread (priority inversion), and the stretched upload slows every step it overlaps. Kept as
+  an option for hosts where that measures differently.
 - The constructor refuses a model that averages gradients across ranks (parallel.check_reductions):
   the constant-global-batch contract needs sums, and the error is otherwise silent.
 - A resume whose checkpoint recorded another global batch than `train_state.global_batch` is refused
@@ -61,7 +63,7 @@ from resilient_trainer.state import TrainState
 log = logging.getLogger(__name__)
 
 WriterFactory = Callable[[str], FileSystemWriter]
-DEFAULT_UPLOAD_NICENESS = 10  # CFS weight ~10x below a nice-0 training thread; still progresses when idle
+DEFAULT_UPLOAD_NICENESS = 0  # off: renicing a GIL-holding thread measured worse (see the module docstring)
 
 
 class CheckpointError(RuntimeError):
