@@ -1,10 +1,14 @@
-"""Checkpoint benchmark: how long the training loop is blocked, and how fast a resharded load is.
+"""Checkpoint benchmark: what a save costs the training loop, and how fast a resharded load is.
 
     python bench/checkpoint_bench.py --size-mb 1000 --world-sizes 2,4 --reps 3
     python bench/checkpoint_bench.py --device cuda --size-mb 8000 --world-sizes 1   # GPU, pinned staging
 
 State: an FSDP2-sharded stack of Linear layers plus AdamW state (params + exp_avg + exp_avg_sq ~= size).
 Per world size W, in one process group, repetitions are interleaved (async, blocking, gather per rep):
+- loop:     THE figure: wall time a save adds to the training loop. Fixed synthetic compute steps run
+            from the save() call until the upload finished; loop = that wall time - steps * (median
+            step time without a save). It includes what "blocked" misses: steps slowed down because
+            staging/upload threads take CPU (or memory bandwidth) from training.
 - async:    Checkpointer.save() with dcp.async_save: blocked = the save() call (directory, state dict,
             start of background staging) + the time optimizer steps wait for staging to finish (the
             pre-hook). Fixed synthetic compute steps run while staging/upload are in flight: their median
@@ -38,24 +42,19 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from resilient_trainer import dist as rdist
+from resilient_trainer import parallel
 from resilient_trainer.checkpointer import Checkpointer
 from resilient_trainer.state import TrainState
 
 
 def build(size_mb: float, ctx: rdist.DistContext) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     # params + 2 AdamW moments, fp32: 12 bytes per parameter.
     n_params = int(size_mb * 1e6 / 12)
     d = 1024
     layers = max(1, round(n_params / (d * d)))
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(d, d, bias=False) for _ in range(layers))).to(ctx.device)
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    for layer in model:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = parallel.shard_model(model, ctx, blocks=list(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():  # materialise optimizer state without a (slow) forward pass
         p.grad = torch.ones_like(p) * 1e-3
@@ -93,20 +92,22 @@ def max_over_ranks(value: float, ctx: rdist.DistContext) -> float:
 def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) -> dict[str, Any]:
     model, opt = build(args.size_mb, ctx)
     ckpt = Checkpointer(
-        str(workdir / f"dcp-w{ctx.world_size}"), model, opt, ctx=ctx, train_state=TrainState(), keep_last=1
+        str(workdir / f"dcp-w{ctx.world_size}"), model, opt, ctx=ctx, train_state=TrainState(), keep_last=1,
+        upload_niceness=args.upload_niceness,
     )
     x = torch.randn(args.compute_dim, args.compute_dim, device=ctx.device) * 0.01
     for _ in range(2):
         compute_step(x)
     res: dict[str, list[float]] = {
-        k: [] for k in ("async", "call", "staging", "blocking", "gather", "upload", "idle_step", "busy_step")
+        k: []
+        for k in ("loop", "async", "call", "staging", "blocking", "gather", "upload", "idle_step", "busy_step")
     }
     step = 0
     full_file = workdir / f"full-w{ctx.world_size}.pt"
     for rep in range(args.reps + 1):  # rep 0 warms up (allocates the stager's buffers)
         step += 1
         dist.barrier(group=ctx.checkpoint_group)
-        idle = statistics.median(compute_step(x) for _ in range(3))
+        idle = statistics.median(compute_step(x) for _ in range(5))
         t0 = time.perf_counter()
         ckpt.save(step)
         blocked = call = time.perf_counter() - t0
@@ -121,10 +122,12 @@ def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) 
             busy.append(compute_step(x))
             ckpt.wait_staged()  # what the optimizer step pre-hook does before parameters change
         ckpt.wait()
+        loop = time.perf_counter() - t0 - len(busy) * idle
         blocked += ckpt.staging_wait_s
         staging = staged_at[-1] - t0
         upload = time.perf_counter() - t0
         if rep:
+            res["loop"].append(max_over_ranks(loop, ctx))
             res["async"].append(max_over_ranks(blocked, ctx))
             res["staging"].append(max_over_ranks(staging, ctx))
             res["call"].append(max_over_ranks(call, ctx))
@@ -237,8 +240,15 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--compute-dim", type=int, default=384, help="size of the synthetic compute step")
+    p.add_argument("--upload-niceness", type=int, default=None,
+                   help="Checkpointer(upload_niceness=...): 0 = upload threads at training priority "
+                        "(the old behaviour); default: the Checkpointer's default")
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temp dir, removed)")
     args = p.parse_args()
+    if args.upload_niceness is None:
+        from resilient_trainer.checkpointer import DEFAULT_UPLOAD_NICENESS
+
+        args.upload_niceness = DEFAULT_UPLOAD_NICENESS
     sizes = [int(w) for w in args.world_sizes.split(",")]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rtj-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -269,11 +279,18 @@ def main() -> int:
 
     print(
         f"\nstate {args.size_mb:.0f} MB (params + AdamW moments, fp32), device {args.device}, "
-        f"{args.reps} interleaved reps, medians, blocked = max over ranks"
+        f"{args.reps} interleaved reps, medians, max over ranks, upload niceness {args.upload_niceness}"
     )
     print(
-        "async = save() call + waits for staging at the next optimizer steps; call = save() alone, which is "
-        "all the loop pays when a step outlasts staging"
+        "loop = wall time one save adds to the training loop (blocked + slower steps while staging/upload "
+        "run); gather = gather + torch.save, all of which the loop pays"
+    )
+    print(f"{'W':>3} {'loop s/save':>11} {'gather+save s':>13} {'gather/loop':>11}")
+    for r in rows:
+        print(f"{r['world_size']:>3} {r['loop']:>11.3f} {r['gather']:>13.3f} {r['gather'] / r['loop']:>11.1f}")
+    print(
+        "\nblocked time (second: it misses slower steps): async = save() call + waits for staging at the next "
+        "optimizer steps; call = save() alone"
     )
     print(
         f"{'W':>3} {'async s':>8} {'call s':>7} {'blocking s':>10} {'gather+save s':>13} {'gather/async':>12} "

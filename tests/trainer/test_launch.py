@@ -23,13 +23,13 @@ def test_torchrun_args_map_the_contract() -> None:
     assert argv == [
         "--nnodes=2", "--nproc-per-node=4", "--node-rank=1", "--master-addr=demo-3-0.demo",
         "--master-port=29400", "--rdzv-backend=static", "--rdzv-id=demo-3", "--max-restarts=0",
-        "--log-dir=/tmp/x", "-m", "pkg.train", "--steps", "5",
+        "--log-dir=/tmp/x", "-m", "resilient_trainer.worker", "-m", "pkg.train", "--steps", "5",
     ]
     args = parse_args(argv)  # torchrun itself reads it back as intended
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "4", 1)
     assert (args.master_addr, args.master_port, args.rdzv_backend) == ("demo-3-0.demo", 29400, "static")
-    assert args.max_restarts == 0 and args.module and args.training_script == "pkg.train"
-    assert args.training_script_args == ["--steps", "5"]
+    assert args.max_restarts == 0 and args.module and args.training_script == "resilient_trainer.worker"
+    assert args.training_script_args == ["-m", "pkg.train", "--steps", "5"]  # the shim runs the user's module
 
 
 def test_env_round_trip_through_contract() -> None:
@@ -41,11 +41,14 @@ def test_split_argv() -> None:
     assert launch.split_argv(["train.py", "-v"]) == ([], ["train.py", "-v"])
 
 
-def test_missing_contract_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_partial_contract_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """With no operator variables at all the launcher runs locally; a half-injected contract is an error."""
     for name in environment.ALL_NAMES:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(environment.JOB_NAME, "demo")
     assert launch.main(["--", "train.py"]) == 2
     assert environment.NNODES in capsys.readouterr().err
+    assert launch.is_local({}) and not launch.is_local({environment.NNODES: "2"})
 
 
 def node_env(tmp: Path, node_rank: int, port: int, attempt: int = 1, nnodes: int = 2, nproc: int = 2) -> dict:
@@ -85,7 +88,7 @@ def test_recorded_success_beats_exit_code(launcher: Launcher, tmp_path: Path) ->
     script = tmp_path / "worker.py"
     script.write_text(
         "import os, sys\n"
-        "from resilient_trainer import completion\n"
+        "from resilient_contract import completion\n"
         "if sys.argv[1] == 'ok':\n"
         "    completion.write_termination_message(completion.SUCCEEDED, attempt=os.environ['RTJ_ATTEMPT'])\n"
         "os._exit(1)\n"

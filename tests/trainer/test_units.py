@@ -15,7 +15,8 @@ from resilient_contract import completion, layout
 from resilient_trainer import retention
 from resilient_trainer.state import TrainState, accumulation_steps, micro_batches, mix_seed
 
-TORCH_FREE = ["resilient_trainer", "resilient_contract.environment", "resilient_contract.layout",
+TORCH_FREE = ["resilient_trainer", "resilient_trainer.outcome", "resilient_trainer.worker",
+              "resilient_trainer.__main__", "resilient_contract.environment", "resilient_contract.layout",
               "resilient_contract.dcp_metadata", "resilient_contract.completion", "resilient_trainer.retention"]
 
 

@@ -42,9 +42,15 @@ class Outcome:
         return self.kind == SUCCEEDED
 
 
-def termination_log_path(environ: Mapping[str, str] | None = None) -> str:
+def termination_log_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """`$RTJ_TERMINATION_LOG` if set; else Kubernetes' default path if it exists (the kubelet mounts
+    that file into every container); else None: not in a pod, so there is nothing to write (never
+    create a file in /dev on a workstation, even as root)."""
     env = os.environ if environ is None else environ
-    return env.get(TERMINATION_LOG_ENV) or TERMINATION_LOG_DEFAULT
+    override = env.get(TERMINATION_LOG_ENV)
+    if override:
+        return override
+    return TERMINATION_LOG_DEFAULT if os.path.exists(TERMINATION_LOG_DEFAULT) else None
 
 
 def format_message(kind: str, **fields: object) -> str:
@@ -75,9 +81,12 @@ def parse_message(text: str | None) -> Outcome | None:
 
 
 def write_termination_message(kind: str, path: str | None = None, **fields: object) -> str:
-    """Write the message atomically enough for one writer per pod (local rank 0); returns it."""
+    """Write the message atomically enough for one writer per pod (local rank 0); returns it. Outside
+    a pod with no `$RTJ_TERMINATION_LOG` (see termination_log_path) nothing is written."""
     line = format_message(kind, **fields)
     target = path or termination_log_path()
+    if target is None:
+        return line
     with open(target, "w", encoding="utf-8") as f:
         f.write(line + "\n")
         f.flush()
@@ -86,8 +95,11 @@ def write_termination_message(kind: str, path: str | None = None, **fields: obje
 
 
 def read_termination_message(path: str | None = None) -> Outcome | None:
+    target = path or termination_log_path()
+    if target is None:
+        return None
     try:
-        with open(path or termination_log_path(), encoding="utf-8") as f:
+        with open(target, encoding="utf-8") as f:
             return parse_message(f.read(MAX_MESSAGE_BYTES))
     except OSError:
         return None

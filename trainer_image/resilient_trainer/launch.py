@@ -17,17 +17,44 @@ an in-pod restart would rejoin a group whose peers may already be fenced.
 Exit status: the launcher's, except that a run whose workers recorded success for this attempt in the
 termination message (resilient_contract.completion) exits 0 even if a worker then died at interpreter
 exit, and a recorded preemption exits 143. Options before `--` are passed to torchrun after ours.
+
+Local runs (no operator environment: neither $PET_NNODES nor $RTJ_JOB_NAME is set) work like
+`torchrun --standalone` on one node:
+
+    python -m resilient_trainer.launch --nproc-per-node 2 --checkpoint-root ./ckpt [--resume latest] -- train.py
+
+`--checkpoint-root` is exported to the workers as an absolute $RTJ_CHECKPOINT_ROOT; `--resume latest`
+exports the newest complete checkpoint under it as $RTJ_RESUME_FROM (resilient_contract.layout's one
+completeness rule; newer incomplete ones are reported and skipped). The termination message goes to a
+temporary file unless $RTJ_TERMINATION_LOG is set, so the exit-status rule above holds locally too.
+
+In both modes every worker runs through `resilient_trainer.worker`, which makes it die (SIGKILL) with
+the launcher: an orphaned worker would keep training and saving under nobody's supervision.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
-from resilient_contract import completion, environment
+from resilient_contract import completion, environment, layout
+from resilient_trainer.worker import LAUNCHER_PID_ENV
 
 PREEMPTED_EXIT_CODE = 143
+WORKER_MODULE = "resilient_trainer.worker"
+USAGE = (
+    "usage: python -m resilient_trainer.launch [--nproc-per-node N] [--checkpoint-root DIR] "
+    "[--resume latest|DIR] [torchrun options] -- script.py [args]   (or -- -m module [args])"
+)
+
+
+def worker_command(script: Sequence[str]) -> list[str]:
+    """Run the user's script (or `-m module`) through the worker shim that dies with the launcher."""
+    return ["-m", WORKER_MODULE, *script]
 
 
 def torchrun_args(env: environment.WorkerEnv, extra: Sequence[str], script: Sequence[str]) -> list[str]:
@@ -42,8 +69,14 @@ def torchrun_args(env: environment.WorkerEnv, extra: Sequence[str], script: Sequ
         f"--rdzv-id={env.job_name}-{env.attempt}",
         "--max-restarts=0",
         *extra,
-        *script,
+        *worker_command(script),
     ]
+
+
+def local_torchrun_args(nproc: int, extra: Sequence[str], script: Sequence[str]) -> list[str]:
+    """One node, a free port picked by torchrun (`--standalone`), no in-place restarts."""
+    return ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", "--max-restarts=0", *extra,
+            *worker_command(script)]
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -55,38 +88,54 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return [], argv
 
 
-def _outcome_for(env: environment.WorkerEnv) -> completion.Outcome | None:
-    outcome = completion.read_termination_message()
-    if outcome is None or outcome.fields.get("attempt") != str(env.attempt):
+def is_local(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """No operator here: the operator always injects both the node count and the job name."""
+    return not environ.get(environment.NNODES) and not environ.get(environment.JOB_NAME)
+
+
+def parse_local(extra: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our local-run options; everything else goes to torchrun unchanged."""
+    p = argparse.ArgumentParser(prog="rtj-launch", add_help=False, allow_abbrev=False)
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
+    p.add_argument("--checkpoint-root", default=None)
+    p.add_argument("--resume", default=None, help="'latest' (newest complete under the root) or a directory")
+    return p.parse_known_args(list(extra))
+
+
+def resolve_resume(resume: str, root: str | None) -> tuple[str | None, list[str]]:
+    """(checkpoint to resume from or None, lines to tell the user). `latest` uses layout.discover."""
+    if resume != "latest":
+        return os.path.abspath(resume), []
+    if not root:
+        raise ValueError(f"--resume latest needs --checkpoint-root or ${environment.CHECKPOINT_ROOT}")
+    listing = layout.discover(root)
+    notes = [f"skipped {v.path}: {v.reason}" for v in listing.skipped]
+    if listing.error and not listing.missing:
+        raise ValueError(listing.error)
+    if listing.latest is None:
+        return None, [*notes, f"no complete checkpoint under {root}: starting fresh"]
+    return listing.latest.path, [*notes, f"resuming from {listing.latest.path}"]
+
+
+def _outcome_for(attempt: str, path: str | None = None) -> completion.Outcome | None:
+    outcome = completion.read_termination_message(path)
+    if outcome is None or outcome.fields.get("attempt") != attempt:
         return None
     return outcome
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    extra, script = split_argv(sys.argv[1:] if argv is None else argv)
-    if not script:
-        print("usage: python -m resilient_trainer.launch [torchrun options] -- script.py [args]", file=sys.stderr)
-        return 2
-    try:
-        env = environment.WorkerEnv.from_environ()
-    except environment.ContractError as exc:
-        print(f"rtj-launch: {exc}", file=sys.stderr)
-        return 2
-    # A stale message from an earlier container must not turn this run's failure into a success.
-    path = completion.termination_log_path()
-    if os.path.exists(path) and os.access(path, os.W_OK):
-        open(path, "w").close()
-
+def _run_torchrun(argv: list[str], attempt: str, log_path: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(torchrun_args(env, extra, script))
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: torchrun's agent runs in here
+    args = parse_args(argv)
     try:
         run(args)
         return 0
     except (ChildFailedError, SignalException) as exc:
-        outcome = _outcome_for(env)
+        outcome = _outcome_for(attempt, log_path)
         if outcome is not None and outcome.succeeded:
             print(f"rtj-launch: workers recorded success ({completion.SUCCEEDED}) before failing at exit: "
                   f"{type(exc).__name__}; exiting 0", file=sys.stderr)
@@ -96,6 +145,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SignalException):
             return 128 + int(exc.sigval)
         return 1
+
+
+def _clear(path: str | None) -> None:
+    """A stale message from an earlier container must not turn this run's failure into a success."""
+    if path and os.path.exists(path) and os.access(path, os.W_OK):
+        open(path, "w").close()
+
+
+def main_local(extra: Sequence[str], script: Sequence[str]) -> int:
+    try:
+        opts, rest = parse_local(extra)
+        root = opts.checkpoint_root or os.environ.get(environment.CHECKPOINT_ROOT)
+        if root:
+            root = os.path.abspath(root[len("file://") :] if root.startswith("file://") else root)
+            os.environ[environment.CHECKPOINT_ROOT] = root
+        if opts.resume:
+            target, notes = resolve_resume(opts.resume, root)
+            for line in notes:
+                print(f"rtj-launch: {line}", file=sys.stderr)
+            if target:
+                os.environ[environment.RESUME_FROM] = target
+            else:
+                os.environ.pop(environment.RESUME_FROM, None)
+    except (ValueError, SystemExit) as exc:
+        print(f"rtj-launch: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    attempt = os.environ.get(environment.ATTEMPT) or "0"
+    with contextlib.ExitStack() as stack:
+        log_path = os.environ.get(completion.TERMINATION_LOG_ENV)
+        if not log_path:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rtj-launch-"))
+            log_path = os.environ[completion.TERMINATION_LOG_ENV] = os.path.join(tmp, "termination-log")
+        _clear(log_path)
+        return _run_torchrun(local_torchrun_args(opts.nproc_per_node, rest, script), attempt, log_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    extra, script = split_argv(sys.argv[1:] if argv is None else argv)
+    if not script:
+        print(USAGE, file=sys.stderr)
+        return 2
+    if is_local(os.environ):
+        return main_local(extra, script)
+    try:
+        env = environment.WorkerEnv.from_environ()
+    except environment.ContractError as exc:
+        print(f"rtj-launch: {exc}", file=sys.stderr)
+        return 2
+    if any(a.split("=", 1)[0] in ("--checkpoint-root", "--resume") for a in extra):
+        print("rtj-launch: --checkpoint-root/--resume are for local runs; under the operator the job's "
+              "spec.checkpoint and the operator's choice of checkpoint apply", file=sys.stderr)
+        return 2
+    log_path = completion.termination_log_path()
+    _clear(log_path)
+    return _run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Training state beyond model/optimizer, and the constant-global-batch schedule.
 
 Everything a different world size needs to replay the same run is defined *globally*:
-- step s consumes global samples [s*B, (s+1)*B) (B = global batch, fixed by the job);
+- a step consumes global samples [p, p+B) where p = `samples_seen`, the global sample position
+  (= step*B while B never changed; B = global batch, recorded in every checkpoint);
 - with W ranks and micro-batch b, each step runs accumulation = ceil(B / (W*b)) micro-steps; micro-step
-  m on rank r takes slot m*W + r, i.e. global positions [slot*b, slot*b + b) clipped to B (a slot past B
-  is empty: the rank still runs forward/backward with weight 0 so collectives stay matched);
+  m on rank r takes slot m*W + r, i.e. positions p + [slot*b, slot*b + b) clipped to B (a slot past B
+  is *empty*: the rank still runs forward/backward, with weight 0, so collectives stay matched);
 - the loss is sum(per-sample loss) / B and gradients are summed across micro-steps and ranks;
 - randomness is a pure function of (seed, global sample index) or (seed, step), never of rank or of a
   generator's history, so there is no RNG state to checkpoint beyond the seed.
@@ -36,6 +37,13 @@ class TrainState:
         for key in ("step", "samples_seen", "seed", "global_batch"):
             setattr(self, key, int(state[key]))
 
+    def advance(self) -> None:
+        """One optimizer step done: the step count and the global sample position move together."""
+        if self.global_batch < 1:
+            raise ValueError("TrainState.global_batch must be set (>= 1) before training")
+        self.step += 1
+        self.samples_seen += self.global_batch
+
 
 def mix_seed(*parts: int) -> int:
     """A splitmix64-style hash of integers: independent streams per (seed, index) without rank."""
@@ -59,9 +67,17 @@ def accumulation_steps(global_batch: int, world_size: int, micro_batch: int) -> 
 def micro_batches(
     step: int, global_batch: int, world_size: int, rank: int, micro_batch: int
 ) -> list[range]:
-    """Global sample indices for each micro-step of `rank` in `step` (possibly empty ranges)."""
+    """Global sample indices for each micro-step of `rank` in `step` (possibly empty ranges), for a run
+    whose global batch never changed (position = step * B)."""
+    return slots_at(step * global_batch, global_batch, world_size, rank, micro_batch)
+
+
+def slots_at(position: int, global_batch: int, world_size: int, rank: int, micro_batch: int) -> list[range]:
+    """Global sample indices for each micro-step of `rank` in the step that starts at global sample
+    `position`. Every micro-step gets a range, possibly empty (a slot past B: run it with weight 0);
+    over all ranks the ranges tile [position, position + B) exactly once, whatever the world size."""
     accum = accumulation_steps(global_batch, world_size, micro_batch)
-    base = step * global_batch
+    base = position
     out = []
     for m in range(accum):
         start = (m * world_size + rank) * micro_batch

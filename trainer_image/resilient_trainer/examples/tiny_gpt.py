@@ -1,7 +1,8 @@
 """Example: a tiny decoder-only transformer trained with FSDP2 and a constant global batch.
 
 Run (any world size; the update does not depend on it):
-    python -m resilient_trainer.launch -- -m resilient_trainer.examples.tiny_gpt --steps 40
+    python -m resilient_trainer.launch --nproc-per-node 2 --checkpoint-root /tmp/ck \
+        -- -m resilient_trainer.examples.tiny_gpt --steps 40
     torchrun --nproc-per-node 4 -m resilient_trainer.examples.tiny_gpt --steps 40 --checkpoint-root /tmp/ck
 
 Data is synthetic and chosen by GLOBAL sample index (see resilient_trainer.state), so a run resumed at
@@ -43,8 +44,9 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.nn import functional as fn
 
-from resilient_contract import completion, environment
+from resilient_contract import environment
 from resilient_trainer import dist as rdist
+from resilient_trainer import outcome, parallel
 from resilient_trainer.checkpointer import Checkpointer
 from resilient_trainer.preemption import PreemptionHandler
 from resilient_trainer.state import TrainState, accumulation_steps, micro_batches, mix_seed
@@ -181,28 +183,11 @@ def _lr_lambda(warmup: int, total: int) -> Any:
 def build(args: argparse.Namespace, ctx: rdist.DistContext) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(args.seed)  # same initial weights on every rank, before sharding
     model = TinyGPT(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(ctx.device)
+    # Gradients are summed across ranks (the loss is already divided by B): see resilient_trainer.parallel.
     if args.parallel == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        for module in model.modules():  # the setters act on one FSDP module's own parameters only
-            if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)  # sum gradients: the loss is already divided by B
-                module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+        model = parallel.shard_model(model, ctx, blocks=model.blocks)
     else:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-
-        # No annotations: DDP inspects them and `from __future__ import annotations` makes them strings.
-        def sum_hook(state, bucket):  # type: ignore[no-untyped-def]
-            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
-
-        model.register_comm_hook(None, sum_hook)
+        model = parallel.replicate_model(model, ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(args.warmup, args.steps))
     return model, optimizer, scheduler
@@ -218,14 +203,7 @@ def train_step(
         last = m == len(slices) - 1
         empty = len(indices) == 0
         data = batch(args.seed, indices if not empty else range(0, 1), args.vocab, args.seq_len).to(ctx.device)
-        if args.parallel == "fsdp":
-            model.set_requires_gradient_sync(last)
-            ctxmgr: Any = None
-        else:
-            ctxmgr = None if last else model.no_sync()
-        if ctxmgr is not None:
-            ctxmgr.__enter__()
-        try:
+        with parallel.sync_gradients(model, last):
             logits = model(data[:, :-1])
             per_token = fn.cross_entropy(
                 logits.reshape(-1, args.vocab).float(), data[:, 1:].reshape(-1), reduction="none"
@@ -233,9 +211,6 @@ def train_step(
             per_sample = per_token.view(data.shape[0], -1).mean(dim=1).sum()
             weight = 0.0 if empty else 1.0
             (per_sample * weight / args.global_batch).backward()
-        finally:
-            if ctxmgr is not None:
-                ctxmgr.__exit__(None, None, None)
         loss_sum += per_sample.detach() * weight
     return loss_sum
 
@@ -282,12 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         attempt=os.environ.get(environment.ATTEMPT, "0"),
         parallel=args.parallel,
     )
-    resumed = ckpt.resume(args.resume_from)
-    if resumed and train_state.global_batch != args.global_batch:
-        raise SystemExit(
-            f"checkpoint {resumed} was trained with global batch {train_state.global_batch}, "
-            f"not {args.global_batch}: refusing to change the training run"
-        )
+    resumed = ckpt.resume(args.resume_from)  # refuses a checkpoint recorded with another global batch
     emit(ctx.rank, "RTJ_RESUMED", **{"from": resumed or "none"}, step=train_state.step)
 
     loss_value = float("nan")
@@ -324,9 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt.root, f"step-{train_state.step:010d}"
             )
             emit(ctx.rank, "RTJ_PREEMPTED", step=train_state.step, checkpoint=path, world_size=ctx.world_size)
-            if ctx.local_rank == 0:
-                _write_outcome(completion.PREEMPTED, step=train_state.step, checkpoint=path,
-                               world_size=ctx.world_size)
+            outcome.record_preempted(ctx, step=train_state.step, checkpoint=path)
             ckpt.close()
             rdist.shutdown()
             return PREEMPTED_EXIT_CODE
@@ -361,20 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         world_size=ctx.world_size,
     )
     dist.barrier()  # everybody finished before anyone records success
-    if ctx.rank == 0:
-        completion.write_completed_marker(args.checkpoint_root, step=train_state.step, world_size=ctx.world_size)
-    if ctx.local_rank == 0:
-        _write_outcome(completion.SUCCEEDED, step=train_state.step, world_size=ctx.world_size)
+    outcome.record_success(ctx, step=train_state.step, checkpoint_root=args.checkpoint_root)
     rdist.shutdown()
     return 0
-
-
-def _write_outcome(kind: str, **fields: Any) -> None:
-    attempt = os.environ.get(environment.ATTEMPT, "0")
-    try:
-        completion.write_termination_message(kind, attempt=attempt, **fields)
-    except OSError as exc:  # outside Kubernetes /dev/termination-log may not exist
-        print(f"warning: cannot write termination message: {exc}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

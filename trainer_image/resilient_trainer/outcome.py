@@ -1,0 +1,48 @@
+"""Record how a worker ended, in the one form the launcher and the operator check.
+
+    record_success(ctx, step=state.step, checkpoint_root=root)   # after the final save, on every rank
+    record_preempted(ctx, step=state.step, checkpoint=path)      # after the SIGTERM save, on every rank
+
+Only local rank 0 writes the pod's termination message (resilient_contract.completion), with
+`attempt=$RTJ_ATTEMPT` (0 outside the operator): the launcher trusts a message only if its attempt is
+the current one, so a stale message from an earlier container never turns a failure into a success.
+Global rank 0 also leaves the `_RTJ_COMPLETED` marker in the checkpoint root on success. Outside a pod
+with no `$RTJ_TERMINATION_LOG` nothing is written; a write error is a warning, never a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from resilient_contract import completion, environment
+
+if TYPE_CHECKING:  # torch-free at run time
+    from resilient_trainer.dist import DistContext
+
+
+def current_attempt() -> str:
+    return os.environ.get(environment.ATTEMPT) or "0"
+
+
+def _write(ctx: DistContext, kind: str, **fields: object) -> str | None:
+    if ctx.local_rank != 0:
+        return None
+    try:
+        return completion.write_termination_message(kind, attempt=current_attempt(), **fields)
+    except OSError as exc:
+        print(f"warning: cannot write termination message: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def record_success(ctx: DistContext, *, step: int, checkpoint_root: str | None = None, **fields: object) -> None:
+    """Call on every rank once all ranks finished (e.g. after a barrier) and the final save is done."""
+    if ctx.rank == 0 and checkpoint_root:
+        completion.write_completed_marker(checkpoint_root, step=step, world_size=ctx.world_size)
+    _write(ctx, completion.SUCCEEDED, step=step, world_size=ctx.world_size, **fields)
+
+
+def record_preempted(ctx: DistContext, *, step: int, checkpoint: str, **fields: object) -> None:
+    """Call after the blocking save that SIGTERM asked for; then exit (143 is what the launcher uses)."""
+    _write(ctx, completion.PREEMPTED, step=step, checkpoint=checkpoint, world_size=ctx.world_size, **fields)
