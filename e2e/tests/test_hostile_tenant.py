@@ -67,7 +67,7 @@ def test_a_hostile_root_beside_a_healthy_job_that_loses_a_node(cluster: ClusterL
     another namespace still recovers from a node loss on time, from its own checkpoint."""
     host = cluster.host_path(HOST_DIR)
     template = make_checkpoint(host / "templates" / uuid.uuid4().hex[:6], step=1)
-    for name, attack in (("fifo", attacks.fifo_metadata), ("bomb", attacks.bomb_metadata("list_bomb"))):
+    for name, attack in (("fifo", attacks.fifo_metadata), ("bomb", attacks.bomb_metadata("million-containers"))):
         root = host / other_namespace / name
         root.mkdir(parents=True)
         attack(template, root)
