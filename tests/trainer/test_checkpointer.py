@@ -112,3 +112,67 @@ def test_unloadable_checkpoint_fails_loudly(
     with pytest.raises(CheckpointError, match=layout.step_dir_name(4)):
         ckpt.load(str(tmp_path / layout.step_dir_name(4)))
     ckpt.close()
+
+
+def fenced_env(monkeypatch: pytest.MonkeyPatch, attempt: int, resume: str | None = None) -> None:
+    monkeypatch.setenv(environment.ATTEMPT, str(attempt))
+    monkeypatch.setenv(environment.JOB_UID, "job-1")
+    if resume:
+        monkeypatch.setenv(environment.RESUME_FROM, resume)
+    else:
+        monkeypatch.delenv(environment.RESUME_FROM, raising=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_fenced_gang_cannot_save_and_says_why(ctx: DistContext, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempt 1 (cut off) keeps training after attempt 2 started from its step 10: its saves are refused,
+    and the lineage discovery applies never hands out what it left behind."""
+    from resilient_contract import lineage
+    from resilient_trainer.checkpointer import FencedError
+
+    model, opt = make()
+    fenced_env(monkeypatch, 1)
+    old = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
+    old.save(10)
+    assert (tmp_path / lineage.marker_name("job-1", 1)).exists()
+    assert (tmp_path / "step-0000000010" / lineage.WRITER_FILE).read_bytes() == lineage.format_writer("job-1", 1)
+    fenced_env(monkeypatch, 2, str(tmp_path / "step-0000000010"))
+    new = Checkpointer(str(tmp_path), *make(), ctx=ctx, async_save=False)  # marks the root: attempt 2 from 10
+    with pytest.raises(FencedError, match="attempt 2 of this job has started"):
+        old.save(20)
+    assert (tmp_path / "step-0000000020" / lineage.REFUSED_FILE).exists()
+    assert not (tmp_path / "step-0000000020" / layout.METADATA_FILE).exists()
+    found = layout.discover(str(tmp_path), job="job-1")  # what the operator sees: the attempt kept trying
+    assert found.latest is not None and found.latest.step == 10
+    assert found.skipped[0].step == 20 and found.skipped[0].fenced_writer == 1
+    assert new.save(20) == str(tmp_path / "step-0000000020.a2")  # the cut-off gang's directory is never shared
+    found = layout.discover(str(tmp_path), job="job-1")
+    assert found.latest is not None and found.latest.path.endswith("step-0000000020.a2")
+    old.close()
+    new.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_fence_that_lands_while_shards_are_written_stops_the_metadata(ctx: DistContext, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 is caught between its peers' shards and the commit (held by the test hook); attempt 2 starts
+    meanwhile; released, rank 0 finds the mark and leaves an incomplete directory, never a checkpoint."""
+    from resilient_trainer.checkpointer import TEST_HOLD_METADATA_ENV, FencedError
+
+    release = tmp_path / "release"
+    root = tmp_path / "ckpt"
+    fenced_env(monkeypatch, 1)
+    monkeypatch.setenv(TEST_HOLD_METADATA_ENV, str(release))
+    old = Checkpointer(str(root), *make(), ctx=ctx)
+    path = old.save(30)  # async: shards written, then held before .metadata
+    assert path is not None
+    monkeypatch.delenv(TEST_HOLD_METADATA_ENV)
+    fenced_env(monkeypatch, 2, None)
+    Checkpointer(str(root), *make(), ctx=ctx).close()  # attempt 2's rank 0 marks the root
+    release.touch()
+    with pytest.raises(FencedError):
+        old.wait()
+    assert not (Path(path) / layout.METADATA_FILE).exists()
+    assert layout.discover(str(root), job="job-1").latest is None
+    old.close()

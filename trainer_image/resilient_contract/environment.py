@@ -142,3 +142,12 @@ def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
     """The checkpoint the operator chose for this attempt, or None on a fresh start."""
     env = os.environ if environ is None else environ
     return env.get(RESUME_FROM) or None
+
+
+def attempt_and_job(environ: Mapping[str, str] | None = None) -> tuple[int, str | None] | None:
+    """(attempt, job uid) under the operator, for fencing tokens; None outside it (no RTJ_ATTEMPT)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ATTEMPT)
+    if not raw:
+        return None
+    return _integer(ATTEMPT, raw, 1), env.get(JOB_UID) or None

@@ -377,8 +377,13 @@ def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = 
         reason = _incomplete_because(store, name, limits)
         # Complete, yet written by an attempt fenced before this step was: its .metadata came after the fence
         # (the decision took the newest complete checkpoint, older than this one), so a cut-off gang wrote it.
-        if reason is None and rule is not None and (refused := rule.refusal(step, writer)):
-            return Verdict(step, path, False, refused, fenced_writer=writer[1] if writer else None)
+        if rule is not None and (refused := rule.refusal(step, writer)):
+            if reason is None:
+                return Verdict(step, path, False, refused, fenced_writer=writer[1] if writer else None)
+            if store.stat_entry(posixpath.join(name, lineage.REFUSED_FILE)) is not None:
+                # the fenced gang tried to save this step and gave up on finding the newer attempt's mark
+                return Verdict(step, path, False, f"{refused}; it found the newer mark and stopped",
+                               fenced_writer=writer[1] if writer else None)
     except UnsafeEntry as exc:
         reason = f"the step directory is {exc.kind}"
     except StorageError as exc:

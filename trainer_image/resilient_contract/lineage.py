@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 MARKER_PREFIX = "_RTJ_ATTEMPT-"
 WRITER_FILE = ".rtj-writer"
+REFUSED_FILE = ".rtj-refused"  # left by a fenced gang in a directory whose save it gave up (evidence)
 LOCAL_JOB = "local"
 MAX_TOKEN_BYTES = 512  # both files are tiny; anything longer is not ours
 MAX_MARKS = 256  # the newest marks of a job that discovery reads

@@ -7,10 +7,13 @@
     ckpt.close()                         # waits for the last upload
 
 Design choices and the traps they avoid:
-- Every save goes into a *new* `step-<10 digits>` directory. A leftover directory for the same step
-  (a partial save of a failed attempt) is renamed away first; DCP would otherwise overwrite in place and a
-  crash could leave an old `.metadata` beside new shards. A complete one for the same step is kept and
-  the save skipped (deterministic training would write the same bytes).
+- Every save goes into a directory it created itself (`mkdir`, never reused across attempts), with a
+  writer token (`.rtj-writer`: attempt and job) before any shard. Under the operator, each attempt first
+  leaves a fence mark in the root (`_RTJ_ATTEMPT-<job>-<attempt>`: where it started); a save finds a newer
+  attempt's mark -> `FencedError`, checked when the directory is made and again just before `.metadata` is
+  committed. When another attempt holds `step-<N>` (a cut-off gang of an older attempt, or the attempt
+  before), the save goes to `step-<N>.a<attempt>`; a complete directory of this attempt for the same step
+  is kept and the save skipped. The rule discovery applies is in `resilient_contract.lineage`.
 - Async uploads use THREAD mode: PROCESS mode spawns a helper that re-imports the entry module (a script
   without a `__main__` guard would start training again in the helper).
 - Staging options are picked per device: on CPU, non-blocking copies assert on an accelerator and
@@ -55,12 +58,15 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from resilient_contract import environment, layout
+from resilient_contract import environment, layout, lineage
 from resilient_trainer import parallel, retention
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
 log = logging.getLogger(__name__)
+# Test-only: rank 0 waits before committing `.metadata` until this file exists (reproduces a partition that
+# catches rank 0 between its peers' shards and the commit). Never set in production.
+TEST_HOLD_METADATA_ENV = "RTJ_TEST_HOLD_METADATA"
 
 WriterFactory = Callable[[str], FileSystemWriter]
 DEFAULT_UPLOAD_NICENESS = 0  # off: renicing a GIL-holding thread measured worse (see the module docstring)
@@ -68,6 +74,18 @@ DEFAULT_UPLOAD_NICENESS = 0  # off: renicing a GIL-holding thread measured worse
 
 class CheckpointError(RuntimeError):
     """A save or load failed; the message names the checkpoint directory."""
+
+
+class FencedError(CheckpointError):
+    """A newer attempt of this job started: this (cut-off) gang must not save anything any more."""
+
+    def __init__(self, path: str, attempt: int, newer: int) -> None:
+        super().__init__(f"not saving {path}: attempt {newer} of this job has started, so attempt {attempt} "
+                         "was fenced (its node was lost or cut off); this gang should stop")
+        self.attempt, self.newer = attempt, newer
+
+
+FENCED_PREFIX = "fenced:"  # a rank-0 decision broadcast to every rank: "fenced:<newer attempt>"
 
 
 def staging_options(device: torch.device) -> StagingOptions:
@@ -128,6 +146,10 @@ class Checkpointer:
             lambda path: FileSystemWriter(path, sync_files=True, overwrite=False)
         )
         self.resumed_from: str | None = None
+        identity = environment.attempt_and_job()
+        # Fencing tokens only under the operator (RTJ_ATTEMPT); a local run has no newer attempt to yield to.
+        self.attempt = identity[0] if identity else None
+        self.job = lineage.job_id(identity[1] if identity else None)
         self.last_blocked_s = 0.0
         self.last_saved: str | None = None
         self._stager = DefaultStager(staging_options(ctx.device)) if async_save else None
@@ -139,6 +161,50 @@ class Checkpointer:
         self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
         if ctx.rank == 0:
             os.makedirs(self.root, exist_ok=True)
+            self._mark_attempt()
+
+    # ---- fencing (see resilient_contract.lineage) ------------------------------------------------
+    def _mark_attempt(self) -> None:
+        """Say, before saving anything, which attempt runs now and where it started (the operator's choice)."""
+        if self.attempt is None:
+            return
+        source = environment.resume_from()
+        resumed = layout.parse_step_dir(os.path.basename(os.path.normpath(source))) if source else None
+        path = os.path.join(self.root, lineage.marker_name(self.job, self.attempt))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return  # this attempt's rank 0 ran before (the mark says the same)
+        with os.fdopen(fd, "wb") as f:
+            f.write(lineage.format_marker(self.job, self.attempt, resumed))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def newer_attempt(self) -> int | None:
+        """The newest attempt of this job that marked the root after ours, or None (never fenced locally)."""
+        if self.attempt is None:
+            return None
+        marks = layout.read_lineage(layout.LocalStore(self.root), self.job)
+        newest = max((attempt for attempt, _ in marks), default=0)
+        return newest if newest > self.attempt else None
+
+    def _own(self, name: str) -> bool:
+        """Whether this attempt wrote that step directory (its writer token is ours)."""
+        try:
+            data = layout.LocalStore(self.root).read_bytes(os.path.join(name, lineage.WRITER_FILE),
+                                                           lineage.MAX_TOKEN_BYTES)
+        except OSError:
+            return False
+        return lineage.parse_writer(data) == (self.job, self.attempt)
+
+    def _refuse(self, path: str, newer: int) -> FencedError:
+        try:
+            with open(os.path.join(path, lineage.REFUSED_FILE), "wb") as f:
+                f.write(lineage.format_writer(self.job, self.attempt or 0))
+        except OSError:
+            pass
+        assert self.attempt is not None
+        return FencedError(path, self.attempt, newer)
 
     # ---- state ----------------------------------------------------------------------------------
     def _state_dict(self) -> dict[str, Any]:
@@ -156,21 +222,47 @@ class Checkpointer:
 
     # ---- save -----------------------------------------------------------------------------------
     def _prepare_dir(self, step: int) -> str | None:
-        """Rank 0 makes a fresh step directory; None (on all ranks) if a complete one already exists."""
-        name = layout.step_dir_name(step)
-        path = os.path.join(self.root, name)
-        decision: str | None = path
+        """Rank 0 makes a fresh step directory of its own; None (on all ranks) if this attempt already has a
+        complete one for the step; FencedError (on all ranks) if a newer attempt has started."""
+        decision: str | None = None
         if self.ctx.rank == 0:
-            if os.path.exists(path):
-                verdict = layout.check_step(layout.LocalStore(self.root), name)
-                if verdict.complete:
-                    decision = None
+            decision = self._make_dir(step)
+        decision = self._broadcast(decision)
+        if decision is not None and decision.startswith(FENCED_PREFIX):
+            assert self.attempt is not None
+            raise FencedError(layout.step_dir_name(step), self.attempt, int(decision[len(FENCED_PREFIX):]))
+        return decision
+
+    def _make_dir(self, step: int) -> str | None:
+        names = [layout.step_dir_name(step)]
+        if self.attempt is not None:
+            names.append(layout.step_dir_name(step, self.attempt))
+        store = layout.LocalStore(self.root)
+        for name in names:
+            path = os.path.join(self.root, name)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if self.attempt is None or self._own(name):
+                    verdict = layout.check_step(store, name)
+                    if verdict.complete:
+                        return None  # deterministic training would write the same bytes
+                    if self.attempt is None or name == names[-1]:  # ours (or a local run's) partial: redo it
+                        log.warning("replacing partial checkpoint %s (%s)", path, verdict.reason)
+                        retention.remove_step_dir(self.root, name)
+                        os.mkdir(path)
+                    else:
+                        continue
                 else:
-                    log.warning("replacing partial checkpoint %s (%s)", path, verdict.reason)
-                    retention.remove_step_dir(self.root, name)
-            if decision is not None:
-                os.makedirs(path)
-        return self._broadcast(decision)
+                    continue  # another attempt's: never shared
+            if self.attempt is not None:
+                with open(os.path.join(path, lineage.WRITER_FILE), "xb") as f:
+                    f.write(lineage.format_writer(self.job, self.attempt))
+                if (newer := self.newer_attempt()) is not None:
+                    self._refuse(path, newer)
+                    return f"{FENCED_PREFIX}{newer}"
+            return path
+        raise CheckpointError(f"no directory of its own left for step {step} under {self.root}")
 
     def save(self, step: int, *, blocking: bool | None = None) -> str | None:
         """Checkpoint `step`; returns the directory (None if a complete one existed). Time blocked is
@@ -184,7 +276,7 @@ class Checkpointer:
             self.last_blocked_s = time.perf_counter() - t0
             return None
         state = self._state_dict()
-        writer = self.writer_factory(path)
+        writer = self._fenced_writer(self.writer_factory(path), path)
         use_async = self.async_save if blocking is None else not blocking
         try:
             if use_async and self._stager is not None:
@@ -208,10 +300,29 @@ class Checkpointer:
                 return path
             dcp.save(state, storage_writer=writer, process_group=self.ctx.checkpoint_group)
         except (Exception, CheckpointException) as exc:
+            self._raise_fenced(path, exc)
             raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
         self._after_save(path)
         self.last_blocked_s = time.perf_counter() - t0
         return path
+
+    def _fenced_writer(self, writer: FileSystemWriter, path: str) -> FileSystemWriter:
+        """Check the fence marks again just before `.metadata` is committed (rank 0 commits it): a gang
+        fenced while it wrote its shards then leaves an incomplete directory, never a checkpoint."""
+        if self.attempt is None:
+            return writer
+        finish = writer.finish
+
+        def fenced_finish(*args: Any, **kwargs: Any) -> Any:
+            hold = os.environ.get(TEST_HOLD_METADATA_ENV)
+            while hold and not os.path.exists(hold):  # test-only: a rank 0 stalled right here (a partition)
+                time.sleep(0.1)
+            if (newer := self.newer_attempt()) is not None:
+                raise self._refuse(path, newer)
+            return finish(*args, **kwargs)
+
+        writer.finish = fenced_finish  # type: ignore[method-assign]
+        return writer
 
     def wait_staged(self) -> None:
         """Block until the in-flight save has copied the state (called by the optimizer step pre-hook)."""
@@ -239,9 +350,15 @@ class Checkpointer:
         try:
             future.result()
         except (Exception, CheckpointException) as exc:
+            self._raise_fenced(path, exc)
             raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
         self._after_save(path)
         return path
+
+    def _raise_fenced(self, path: str, exc: BaseException) -> None:
+        """A failed save of a fenced gang is a FencedError (the reason to stop), whatever DCP wrapped it in."""
+        if self.attempt is not None and (newer := self.newer_attempt()) is not None:
+            raise FencedError(path, self.attempt, newer) from exc
 
     def _after_save(self, path: str) -> None:
         self.last_saved = path
@@ -249,7 +366,7 @@ class Checkpointer:
             return
         protect = (os.path.basename(self.resumed_from),) if self.resumed_from else ()
         try:
-            result = retention.apply(self.root, self.keep_last, protect)
+            result = retention.apply(self.root, self.keep_last, protect, self.job if self.attempt else None)
             if result.delete:
                 log.info("retention removed %s", ", ".join(result.delete))
         except OSError as exc:  # retention must never fail training

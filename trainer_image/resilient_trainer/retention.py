@@ -17,7 +17,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 
-from resilient_contract import layout
+from resilient_contract import layout, lineage
 
 TRASH_PREFIX = ".trash-"
 
@@ -28,12 +28,14 @@ class Plan:
     delete: tuple[str, ...]
 
 
-def plan(store: layout.CheckpointStore, keep_last: int, protect: tuple[str, ...] = ()) -> Plan:
-    """Which step directories to delete; `protect` holds directory names (e.g. the resumed-from one)."""
+def plan(store: layout.CheckpointStore, keep_last: int, protect: tuple[str, ...] = (),
+         rule: lineage.Lineage | None = None) -> Plan:
+    """Which step directories to delete; `protect` holds directory names (e.g. the resumed-from one).
+    With `rule` (the job's lineage), a checkpoint a fenced gang committed does not count as complete."""
     if keep_last < 1:
         raise ValueError("keep_last must be >= 1: the newest complete checkpoint is always kept")
     dirs = layout.step_dirs(store)
-    verdicts = {name: layout.check_step(store, name) for _, name in dirs}
+    verdicts = {name: layout.check_step(store, name, rule=rule) for _, name in dirs}
     complete = [name for _, name in dirs if verdicts[name].complete]
     if not complete:
         return Plan(tuple(name for _, name in dirs), ())
@@ -59,12 +61,13 @@ def remove_step_dir(root: str, name: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def apply(root: str, keep_last: int, protect: tuple[str, ...] = ()) -> Plan:
-    """Plan and delete on a local root (call on one rank only)."""
+def apply(root: str, keep_last: int, protect: tuple[str, ...] = (), job: str | None = None) -> Plan:
+    """Plan and delete on a local root (call on one rank only). `job`: judge by that job's lineage."""
     store = layout.open_store(root)
     if not isinstance(store, layout.LocalStore):
         raise layout.StorageError(f"retention supports mounted roots only, not {root}")
-    result = plan(store, keep_last, protect)
+    rule = lineage.Lineage.merge(job, layout.read_lineage(store, job)) if job else None
+    result = plan(store, keep_last, protect, rule)
     for name in result.delete:
         remove_step_dir(store.root, name)
     for entry in os.listdir(store.root):
