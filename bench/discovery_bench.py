@@ -6,16 +6,21 @@
    (`layout.discover`, no sandbox: the old path) and through the operator's `DiscoveryPool` (a worker
    process with its limits), in the same run, from a process that has not imported torch (as the
    operator has not).
-2. Plants every attack of tests/hostile in its own root, discovers them all from a torch-free process
+2. `.metadata` read throughput (MB/s) of the reader at a git revision (`--before`, the reader as it
+   was) and the working tree's, in the same run, on real DCP saves of N small tensors and on an
+   FSDP-like `Metadata` (a few hundred tensors x 64 chunks, pickled as DCP's FileSystemWriter does).
+3. Plants every attack of tests/hostile in its own root, discovers them all from a torch-free process
    that holds the pool (as the operator does), and prints what each produced, how long it took, and
    that process's peak RSS (VmHWM).
 
-    python bench/discovery_bench.py [--dirs 10000] [--partial 20] [--repeats 7]
+    python bench/discovery_bench.py [--dirs 10000] [--partial 20] [--repeats 7] [--before REV]
+    python bench/discovery_bench.py --only throughput [--tensors 20000,100000] [--fsdp 300x64]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -28,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resilient_contract import layout
+from resilient_contract import dcp_metadata, layout
 from resilient_operator.discovery import DiscoveryPool
 from resilient_operator.settings import DiscoverySettings
 
@@ -80,6 +85,81 @@ def latency(args: argparse.Namespace, base: Path, template: Path) -> None:
         case = "newest complete" if not partial else f"newest {partial} partial, then complete"
         print(f"{case:<38} {args.dirs:>6} {inproc:>13.4f} {sandboxed:>10.4f} {layout.step_dir_name(expected):>16}")
         shutil.rmtree(mount)
+
+
+_METADATA_WRITER = """
+import os, pickle, sys, tempfile, warnings, torch, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
+                                                   TensorStorageMetadata)
+warnings.simplefilter("ignore")
+kind, count, out = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "save":  # a real DCP save of N small tensors
+    d = tempfile.mkdtemp()
+    dcp.save({f"layers.{i}.w": torch.zeros(4, 4) for i in range(int(count))}, checkpoint_id=d)
+    os.replace(os.path.join(d, ".metadata"), out)
+else:  # FSDP-like: T tensors, each sharded in C row chunks over C ranks, pickled as FileSystemWriter.finish does
+    tensors, chunks = map(int, count.split("x"))
+    rows, cols = 64 * chunks, 4096
+    state, storage = {}, {}
+    for t in range(tensors):
+        fqn = f"model.layers.{t // 9}.block.{t % 9}.weight"
+        parts = [ChunkStorageMetadata(offsets=torch.Size([r * 64, 0]), sizes=torch.Size([64, cols]))
+                 for r in range(chunks)]
+        state[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.bfloat16), torch.Size([rows, cols]), parts)
+        for r, part in enumerate(parts):
+            where = _StorageInfo(f"__{r}_0.distcp", t * 64 * cols * 2, 64 * cols * 2)
+            storage[MetadataIndex(fqn, part.offsets, r)] = where
+    with open(out, "wb") as f:
+        pickle.dump(Metadata(state_dict_metadata=state, planner_data={k: tuple(k.split(".")) for k in state},
+                             storage_data=storage), f)
+"""
+
+
+def reader_at(rev: str) -> object:
+    """The `.metadata` reader as it was at a git revision, imported under another name."""
+    top = Path(__file__).resolve().parents[1]
+    source = subprocess.run(["git", "-C", str(top), "show", f"{rev}:trainer_image/resilient_contract/dcp_metadata.py"],
+                            check=True, capture_output=True, timeout=60).stdout  # fmt: skip
+    spec = importlib.util.spec_from_loader("dcp_metadata_before", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:dcp_metadata.py", "exec"), module.__dict__)  # our own repository's code
+    return module
+
+
+def throughput(args: argparse.Namespace, base: Path) -> None:
+    """MB/s of `storage_entries` on real and FSDP-like `.metadata`, before and after, same run."""
+    cases = [("save", n, f"DCP save, {int(n):,} tensors") for n in args.tensors.split(",") if n]
+    cases += [("fsdp", spec, f"FSDP-like, {spec.replace('x', ' tensors x ')} chunks") for spec in args.fsdp.split(",")
+              if spec]  # fmt: skip
+    before = reader_at(args.before) if args.before else None
+    limits = dcp_metadata.Limits(max_bytes=64 << 20)
+    print(f"\n.metadata read throughput (storage_entries; MB per CPU second of this process, best of "
+          f"{args.throughput_repeats}: wall time on a shared machine measures the neighbours)")
+    print(f"{'case':<36} {'MB':>6} {'entries':>8} {'before MB/s':>12} {'after MB/s':>11} {'after s':>8}")
+    for kind, count, label in cases:
+        path = base / f"metadata-{kind}-{count}"
+        subprocess.run([sys.executable, "-c", _METADATA_WRITER, kind, count, str(path)], check=True, timeout=1800)
+        data = path.read_bytes()
+        mb = len(data) / 1e6
+        after, entries = best_time(lambda: dcp_metadata.storage_entries(data, limits), args.throughput_repeats)  # noqa: B023
+        old = "skipped"
+        if before is not None and mb <= args.before_max_mb:
+            took, old_entries = best_time(lambda: before.storage_entries(data, limits), 1)  # type: ignore[attr-defined]  # noqa: B023
+            assert [tuple(vars(e).values()) for e in old_entries] == [tuple(vars(e).values()) for e in entries]
+            old = f"{mb / took:.2f}"
+        print(f"{label:<36} {mb:>6.2f} {len(entries):>8} {old:>12} {mb / after:>11.2f} {after:>8.3f}")
+
+
+def best_time(fn, repeats: int) -> tuple[float, list]:  # type: ignore[no-untyped-def, type-arg]
+    best, result = float("inf"), []
+    for _ in range(repeats):
+        start = time.process_time()
+        result = fn()
+        best = min(best, time.process_time() - start)
+    return best, result
 
 
 _OPERATOR_SIDE = """
@@ -135,13 +215,24 @@ def main() -> None:
     parser.add_argument("--dirs", type=int, default=10_000)
     parser.add_argument("--partial", type=int, default=20, help="must stay below RTJ_DISCOVERY_MAX_STEPS (32)")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", choices=("latency", "throughput", "attacks"), help="run one part only")
+    parser.add_argument("--tensors", default="2000,20000,100000", help="real DCP saves of this many tensors")
+    parser.add_argument("--fsdp", default="300x64,800x64", help="FSDP-like metadata: TENSORSxCHUNKS, comma-separated")
+    parser.add_argument("--before", default="fd9d8d9", help="git revision whose reader is 'before' ('' to skip)")
+    parser.add_argument("--before-max-mb", type=float, default=6.0, help="time the old reader only up to this size")
+    parser.add_argument("--throughput-repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         template = base / "template"
-        save_template(template)
-        latency(args, base, template)
-        attacks_table(base, template)
+        if args.only in (None, "latency", "attacks"):
+            save_template(template)
+        if args.only in (None, "latency"):
+            latency(args, base, template)
+        if args.only in (None, "throughput"):
+            throughput(args, base)
+        if args.only in (None, "attacks"):
+            attacks_table(base, template)
 
 
 if __name__ == "__main__":

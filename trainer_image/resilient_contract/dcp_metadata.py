@@ -13,10 +13,18 @@
 Torch versions add or rename fields, so callers read only `storage_entries()` and tolerate the rest.
 """
 
+# The interpreter loop compares the opcode byte with locals named as in pickletools (LOAD_FAST, no tuple built).
+# ruff: noqa: N806, PLR1714, SIM109, SIM905
+
 from __future__ import annotations
 
+import gc
+import io
 import pickletools
-from dataclasses import dataclass, field
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 MAX_METADATA_BYTES = 32 * 1024 * 1024  # default cap; the operator's RTJ_METADATA_MAX_BYTES overrides it
@@ -36,7 +44,7 @@ class Limits:
     """Bounds on one `.metadata` parse; each holds before the matching work or allocation happens."""
 
     max_bytes: int = MAX_METADATA_BYTES
-    max_ops: int = 4_000_000  # a real .metadata spends about 5 bytes per opcode
+    max_ops: int = 24_000_000  # a real .metadata spends about 1.8 bytes per opcode (32 MB: ~18M)
     max_depth: int = 32  # DCP metadata nests about 6 deep
     max_marks: int = 32
 
@@ -44,20 +52,29 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+RECORD, DICT_CLASS, VALUE_CLASS = "record", "dict", "value"  # what calling a `Global` builds
+
+
 @dataclass(frozen=True)
 class Global:
     """An allow-listed global, by name only: the interpreter never imports or touches the real object."""
 
     qualname: str
+    kind: str = RECORD  # RECORD: an `Inert`; DICT_CLASS: an empty dict (OrderedDict); VALUE_CLASS: its argument
 
 
-@dataclass(eq=False)
+_NO_STATE: Mapping[Any, Any] = MappingProxyType({})
+
+
 class Inert:
     """What calling an allow-listed class produced: its name, arguments and pickled state, nothing else."""
 
-    qualname: str
-    args: tuple[Any, ...]
-    state: dict[Any, Any] = field(default_factory=dict)
+    __slots__ = ("args", "qualname", "state")
+
+    def __init__(self, qualname: str, args: tuple[Any, ...], state: Mapping[Any, Any] = _NO_STATE) -> None:
+        self.qualname = qualname
+        self.args = args
+        self.state = state
 
     __hash__ = object.__hash__  # identity: hashing never walks attacker data
 
@@ -82,21 +99,32 @@ _INERT_GLOBALS = frozenset({
     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
     ("pathlib", "PureWindowsPath"), ("pathlib._local", "PosixPath"), ("pathlib._local", "PurePosixPath"),
 })  # fmt: skip
-_REFUSED_OPS = frozenset({"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ", "NEXT_BUFFER",
-                          "READONLY_BUFFER"})  # fmt: skip
+_OPS = {ord(op.code): op for op in pickletools.opcodes}
+_REFUSED_OPS = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in {
+    "PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ", "NEXT_BUFFER", "READONLY_BUFFER"})  # fmt: skip
 _MAX_NAME = 200
-# Opcodes that push their decoded argument (bounded ints are checked by the pre-scan).
-_LEAF_OPS = frozenset({"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "STRING",
-                       "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8",
-                       "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})  # fmt: skip
+_MAX_LONG_BYTES = 9  # LONG1/LONG4 payload: a 64-bit value never needs more (checked before decoding)
+_SIZED_OPS = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in {
+    "BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "BINSTRING",
+    "SHORT_BINSTRING"})  # fmt: skip
+_U16 = struct.Struct("<H").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_I32 = struct.Struct("<i").unpack_from
+_U64 = struct.Struct("<Q").unpack_from
+_F64 = struct.Struct(">d").unpack_from
+
+# Opcode bytes, in the order `_Interpreter.run` unpacks them into locals (a LOAD_FAST per comparison).
+_OPCODE_NAMES = (
+    "MARK STOP POP POP_MARK DUP FLOAT INT BININT BININT1 LONG BININT2 NONE REDUCE STRING BINSTRING SHORT_BINSTRING "
+    "UNICODE BINUNICODE APPEND BUILD GLOBAL DICT EMPTY_DICT APPENDS GET BINGET LONG_BINGET LIST EMPTY_LIST PUT BINPUT "
+    "LONG_BINPUT SETITEM TUPLE EMPTY_TUPLE SETITEMS BINFLOAT PROTO NEWOBJ TUPLE1 TUPLE2 TUPLE3 NEWTRUE NEWFALSE LONG1 "
+    "LONG4 BINBYTES SHORT_BINBYTES SHORT_BINUNICODE BINUNICODE8 BINBYTES8 EMPTY_SET ADDITEMS FROZENSET NEWOBJ_EX "
+    "STACK_GLOBAL MEMOIZE FRAME BYTEARRAY8").split()
+_OPCODES = tuple(next(ord(op.code) for op in pickletools.opcodes if op.name == name) for name in _OPCODE_NAMES)
 
 
 def _cheap_key(key: Any) -> bool:
     return key is None or isinstance(key, str | bytes | int | float | bool | Global | Inert)
-
-
-def _ignore(_: Any) -> None:
-    pass
 
 
 def _resolve(module: Any, name: Any) -> Global:
@@ -104,7 +132,11 @@ def _resolve(module: Any, name: Any) -> Global:
     if not isinstance(module, str) or not isinstance(name, str) or len(module) + len(name) > _MAX_NAME:
         raise UnsafeMetadata("it references a global that is not a plain name")
     key = (module, name)
-    if key in _DICT_GLOBALS or key in _VALUE_GLOBALS or key in _INERT_GLOBALS:
+    if key in _DICT_GLOBALS:
+        return Global(f"{module}.{name}", DICT_CLASS)
+    if key in _VALUE_GLOBALS:
+        return Global(f"{module}.{name}", VALUE_CLASS)
+    if key in _INERT_GLOBALS:
         return Global(f"{module}.{name}")
     if module in _DCP_MODULES and name.isidentifier() and not name.startswith("__"):
         return Global(f"{module}.{name}")
@@ -113,275 +145,396 @@ def _resolve(module: Any, name: Any) -> Global:
     raise UnsafeMetadata("it references a global outside the allow-list of DCP metadata classes")
 
 
-def prescan(data: bytes, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Decode every opcode once and check the structural bounds before anything is built."""
-    if len(data) > limits.max_bytes:
-        raise MalformedMetadata(f".metadata is larger than the {limits.max_bytes}-byte cap")
-    ops = memo_puts = marks = 0
-    try:
-        for opcode, arg, _pos in pickletools.genops(data):
-            ops += 1
-            if ops > limits.max_ops:
-                raise MalformedMetadata(f".metadata has more than {limits.max_ops} pickle opcodes")
-            name = opcode.name
-            if name in _REFUSED_OPS:
-                raise UnsafeMetadata(f"it uses the {name} pickle opcode, which DCP metadata never needs")
-            if name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                if not isinstance(arg, int) or arg < 0 or arg > memo_puts:
-                    raise MalformedMetadata(".metadata stores to a memo index out of sequence")
-                memo_puts += 1
-            elif name == "MEMOIZE":
-                memo_puts += 1
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                if not isinstance(arg, int) or arg < 0 or arg >= memo_puts:
-                    raise MalformedMetadata(".metadata reads a memo index that was never stored")
-            elif name == "MARK":
-                marks += 1
-                if marks > limits.max_marks:
-                    raise MalformedMetadata(f".metadata nests more than {limits.max_marks} MARKs")
-            elif pickletools.markobject in opcode.stack_before:
-                marks -= 1  # TUPLE, LIST, DICT, APPENDS, SETITEMS, ADDITEMS, FROZENSET, POP_MARK
-            elif name == "GLOBAL":
-                module, _, attr = str(arg).partition(" ")
-                _resolve(module, attr)
-            elif name in ("LONG", "LONG1", "LONG4") and isinstance(arg, int) and arg.bit_length() > MAX_INT_BITS:
-                raise MalformedMetadata(f".metadata holds an integer wider than {MAX_INT_BITS} bits")
-    except (UnsafeMetadata, MalformedMetadata):
-        raise
-    except Exception as exc:  # truncated, bad opcode, bad argument encoding, int-digit limits
-        raise MalformedMetadata(f"cannot read .metadata: {type(exc).__name__} while decoding the pickle") from None
+def _wide(value: int) -> int:
+    if value.bit_length() > MAX_INT_BITS:
+        raise MalformedMetadata(f".metadata holds an integer wider than {MAX_INT_BITS} bits")
+    return value
 
 
-class _Builder:
-    """Executes the opcodes `prescan` accepted, building only plain data, tokens and `Inert` records."""
+class _Interpreter:
+    """One pass over the opcodes that checks every bound at the opcode that would break it, before the
+    allocation it guards, and builds only plain data, `Global` tokens and `Inert` records.
+
+    - opcode count: counted as each opcode is decoded; memo: a PUT may only store at the next free
+      index (or overwrite one), a GET only read one stored; MARK nesting: checked at each MARK;
+      integers: the byte count is checked before decoding; strings: their length against the buffer.
+    - nesting depth: every container built here has its depth recorded (by id; all stay alive so
+      no id is reused); a container stops accepting items once it sits inside another, so depths
+      never change behind our back and no cycle can form.
+    - dict keys must hash in constant time; BUILD only fills in an `Inert` record made here.
+    """
 
     def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.stack: list[Any] = []
-        self.marks: list[list[Any]] = []
-        self.memo: dict[int, Any] = {}
+        self.max_depth = limits.max_depth
         self.depth: dict[int, int] = {}  # id -> nesting depth of every container built
-        self.sealed: dict[int, Any] = {}  # id -> container already inside another
+        self.sealed: set[int] = set()  # ids of containers already inside another
         self.alive: list[Any] = []  # every container built stays alive, so no id is ever reused
-        self._last: list[Any] = []
 
     # -- bookkeeping ------------------------------------------------------------------------------
-    def _depth(self, obj: Any) -> int:
-        return self.depth.get(id(obj), 0)
-
-    def _new(self, obj: Any, children: Any = ()) -> Any:
+    def new(self, obj: Any, children: Any = ()) -> Any:
+        """Register a container built from `children` (which are nested, hence sealed, by this)."""
+        depth, sealed = self.depth, self.sealed
         d = 1
         for child in children:
-            d = max(d, self._insert(child) + 1)
-        self._check_depth(d)
-        self.depth[id(obj)] = d
+            cd = depth.get(id(child))
+            if cd is not None:
+                sealed.add(id(child))
+                if cd >= d:
+                    d = cd + 1
+        if d > self.max_depth:
+            raise MalformedMetadata(f".metadata nests deeper than {self.max_depth} levels")
+        depth[id(obj)] = d
         self.alive.append(obj)
         return obj
 
-    def _insert(self, child: Any) -> int:
-        if id(child) in self.depth:
-            self.sealed[id(child)] = child
-        return self._depth(child)
-
-    def _check_depth(self, d: int) -> None:
-        if d > self.limits.max_depth:
-            raise MalformedMetadata(f".metadata nests deeper than {self.limits.max_depth} levels")
-
-    def _grow(self, container: Any, children: Any) -> None:
-        if id(container) in self.sealed:
+    def grow(self, target: Any, children: Any) -> None:
+        """Account for `children` going into `target`, which must not sit inside anything yet."""
+        depth, sealed = self.depth, self.sealed
+        tid = id(target)
+        if tid in sealed:
             raise MalformedMetadata(".metadata modifies a container after nesting it (not written by DCP)")
-        d = self._depth(container)
+        d = depth[tid]
         for child in children:
-            if child is container:
-                raise MalformedMetadata(".metadata puts a container inside itself (not written by DCP)")
-            d = max(d, self._insert(child) + 1)
-        self._check_depth(d)
-        self.depth[id(container)] = d
+            cid = id(child)
+            cd = depth.get(cid)
+            if cd is not None:
+                if cid == tid:
+                    raise MalformedMetadata(".metadata puts a container inside itself (not written by DCP)")
+                sealed.add(cid)
+                if cd >= d:
+                    d = cd + 1
+        if d > self.max_depth:
+            raise MalformedMetadata(f".metadata nests deeper than {self.max_depth} levels")
+        depth[tid] = d
 
-    def _pop_mark(self) -> list[Any]:
-        items = self.stack
-        self.stack = self.marks.pop()
-        return items
-
-    def _key(self, key: Any) -> Any:
-        """Dict keys must hash in constant time: scalars, tokens, records, or short flat tuples of those."""
-        if _cheap_key(key):
-            return key
-        if isinstance(key, tuple) and len(key) <= 16 and self._depth(key) <= 1 and all(map(_cheap_key, key)):
-            return key
-        raise MalformedMetadata(".metadata uses a dict key DCP never writes")
-
-    def _call(self, func: Any, args: Any, kwargs: Any = None) -> Any:
-        if not isinstance(func, Global):
-            raise UnsafeMetadata("it calls something that is not an allow-listed class")
-        if not isinstance(args, tuple) or (kwargs is not None and not isinstance(kwargs, dict)):
-            raise MalformedMetadata(".metadata calls a class with malformed arguments")
-        module, _, name = func.qualname.rpartition(".")
-        if (module, name) in _DICT_GLOBALS:
-            if args or kwargs:
-                raise MalformedMetadata(".metadata builds an OrderedDict in a way DCP never does")
-            return self._new({})
-        if (module, name) in _VALUE_GLOBALS:
-            return args[0] if len(args) == 1 else args  # torch.Size(tuple), _get_layout(name)
-        record = Inert(func.qualname, args)
-        return self._new(record, args + tuple((kwargs or {}).values()))
-
-    # -- the interpreter --------------------------------------------------------------------------
-    def run(self, data: bytes) -> Any:
-        table = self._table()
-        for opcode, arg, _pos in pickletools.genops(data):
-            name = opcode.name
-            if name in _LEAF_OPS:
-                self.stack.append(arg)
-            elif name == "STOP":
-                if len(self.stack) != 1 or self.marks:
-                    raise MalformedMetadata(".metadata ends with a malformed stack")
-                return self.stack[0]
-            else:
-                handler = table.get(name)
-                if handler is None:
-                    raise UnsafeMetadata(f"it uses the {name} pickle opcode, which DCP metadata never needs")
-                handler(arg)
-        raise MalformedMetadata(".metadata has no STOP opcode")
-
-    def _table(self) -> dict[str, Any]:
-        """One small handler per opcode (arg is the decoded argument, None for most)."""
-        push = self._push
-        return {
-            "PROTO": _ignore, "FRAME": _ignore,
-            "BYTEARRAY8": lambda a: push(bytes(a)),  # immutable: nothing built here can change later
-            "NONE": lambda a: push(None), "NEWTRUE": lambda a: push(True), "NEWFALSE": lambda a: push(False),
-            "MARK": self._mark, "POP": lambda a: self.stack.pop(), "POP_MARK": lambda a: self._pop_mark(),
-            "DUP": lambda a: push(self.stack[-1]),
-            "PUT": self._put, "BINPUT": self._put, "LONG_BINPUT": self._put,
-            "MEMOIZE": lambda a: self._put(len(self.memo)),
-            "GET": self._get, "BINGET": self._get, "LONG_BINGET": self._get,
-            "EMPTY_LIST": lambda a: push(self._new([])), "EMPTY_DICT": lambda a: push(self._new({})),
-            "EMPTY_SET": lambda a: push(self._new([])),  # a set is only iterated: a list avoids hashing items
-            "EMPTY_TUPLE": lambda a: push(()),
-            "TUPLE1": lambda a: self._tuple_n(1), "TUPLE2": lambda a: self._tuple_n(2),
-            "TUPLE3": lambda a: self._tuple_n(3),
-            "TUPLE": self._tuple_mark, "FROZENSET": self._tuple_mark,
-            "LIST": lambda a: self._list_mark(), "DICT": lambda a: push(self._dict_from(self._pop_mark())),
-            "APPEND": self._append, "APPENDS": self._appends, "ADDITEMS": self._appends,
-            "SETITEM": self._setitem, "SETITEMS": lambda a: self._setitems(self._pop_mark_top(), self._last),
-            "GLOBAL": self._global, "STACK_GLOBAL": self._stack_global,
-            "REDUCE": self._reduce, "NEWOBJ": self._reduce, "NEWOBJ_EX": self._newobj_ex,
-            "BUILD": self._build_op,
-        }  # fmt: skip
-
-    def _push(self, value: Any) -> None:
-        self.stack.append(value)
-
-    def _mark(self, _: Any) -> None:
-        self.marks.append(self.stack)
-        self.stack = []
-
-    def _pop_mark_top(self) -> Any:
-        """Pop to the last MARK; keep the items in `_last` and return the object under the mark."""
-        self._last = self._pop_mark()
-        return self.stack[-1]
-
-    def _put(self, index: int) -> None:
-        self.memo[index] = self.stack[-1]
-
-    def _get(self, index: int) -> None:
-        self.stack.append(self.memo[index])
-
-    def _tuple_n(self, n: int) -> None:
-        stack = self.stack
-        if len(stack) < n:
-            raise MalformedMetadata(".metadata pops an empty stack")
-        items = tuple(stack[-n:])
-        del stack[-n:]
-        stack.append(self._new(items, items))
-
-    def _tuple_mark(self, _: Any) -> None:
-        items = tuple(self._pop_mark())
-        self.stack.append(self._new(items, items))
-
-    def _list_mark(self) -> None:
-        items = self._pop_mark()
-        self.stack.append(self._new(list(items), items))
-
-    def _append(self, _: Any) -> None:
-        value = self.stack.pop()
-        self._extend(self.stack[-1], [value])
-
-    def _appends(self, _: Any) -> None:
-        items = self._pop_mark()
-        self._extend(self.stack[-1], items)
-
-    def _setitem(self, _: Any) -> None:
-        value, key = self.stack.pop(), self.stack.pop()
-        self._setitems(self.stack[-1], [key, value])
-
-    def _global(self, arg: Any) -> None:
-        module, _, attr = str(arg).partition(" ")
-        self.stack.append(_resolve(module, attr))
-
-    def _stack_global(self, _: Any) -> None:
-        attr, module = self.stack.pop(), self.stack.pop()
-        self.stack.append(_resolve(module, attr))
-
-    def _reduce(self, _: Any) -> None:
-        args = self.stack.pop()
-        self.stack.append(self._call(self.stack.pop(), args))
-
-    def _newobj_ex(self, _: Any) -> None:
-        kwargs, args = self.stack.pop(), self.stack.pop()
-        self.stack.append(self._call(self.stack.pop(), args, kwargs))
-
-    def _build_op(self, _: Any) -> None:
-        state = self.stack.pop()
-        self._build(self.stack[-1], state)
-
-    def _extend(self, target: Any, items: list[Any]) -> None:
-        if not isinstance(target, list):
+    def extend(self, target: Any, items: list[Any]) -> None:
+        if type(target) is not list:
             raise MalformedMetadata(".metadata appends to something that is not a list")
-        self._grow(target, items)
+        self.grow(target, items)
         target.extend(items)
 
-    def _setitems(self, target: Any, items: list[Any]) -> None:
-        if not isinstance(target, dict) or len(items) % 2:
+    def setitems(self, target: Any, items: list[Any]) -> None:
+        if type(target) is not dict or len(items) % 2:
             raise MalformedMetadata(".metadata sets items on something that is not a dict")
-        self._grow(target, items)
-        for i in range(0, len(items), 2):
-            target[self._key(items[i])] = items[i + 1]
+        self.grow(target, items)
+        keys = items[::2]
+        if not all(type(key) is str for key in keys) and not all(map(self.cheap_key, keys)):
+            raise MalformedMetadata(".metadata uses a dict key DCP never writes")
+        target.update(zip(keys, items[1::2], strict=True))
 
-    def _dict_from(self, items: list[Any]) -> dict[Any, Any]:
-        result: dict[Any, Any] = self._new({})
-        self._setitems(result, items)
-        return result
+    def cheap_key(self, key: Any) -> bool:
+        """Scalars, tokens, records, or short flat tuples of those: each hashes in constant time."""
+        if _cheap_key(key):
+            return True
+        return (type(key) is tuple and len(key) <= 16 and self.depth.get(id(key), 0) <= 1
+                and all(map(_cheap_key, key)))  # fmt: skip
 
-    def _build(self, target: Any, state: Any) -> None:
+    def call(self, func: Any, args: Any, kwargs: Any = None) -> Any:
+        if type(func) is not Global:
+            raise UnsafeMetadata("it calls something that is not an allow-listed class")
+        if type(args) is not tuple or (kwargs is not None and type(kwargs) is not dict):
+            raise MalformedMetadata(".metadata calls a class with malformed arguments")
+        kind = func.kind
+        if kind == RECORD:
+            return self.new(Inert(func.qualname, args), args + tuple(kwargs.values()) if kwargs else args)
+        if kind == DICT_CLASS:
+            if args or kwargs:
+                raise MalformedMetadata(".metadata builds an OrderedDict in a way DCP never does")
+            return self.new({})
+        return args[0] if len(args) == 1 else args  # VALUE_CLASS: torch.Size(tuple), _get_layout(name)
+
+    def build(self, target: Any, state: Any) -> None:
         """BUILD only fills in a record this interpreter made; everything else is refused."""
-        if not isinstance(target, Inert):
+        if type(target) is not Inert:
             raise UnsafeMetadata("it sets state on something that is not a DCP metadata record")
         if id(target) in self.sealed:
             raise MalformedMetadata(".metadata modifies a record after nesting it (not written by DCP)")
-        parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
+        self.grow(target, [state])  # seals the state: it can never change after this
+        if type(state) is dict:
+            target.state = state  # the common case: shared, not copied (a GET'd state costs nothing)
+            return
+        parts = state if type(state) is tuple and len(state) == 2 else (state,)
         merged: dict[Any, Any] = {}
         for part in parts:
-            if isinstance(part, dict):
+            if type(part) is dict:
+                if len(part) > 64:  # a copy per BUILD: bounded, so a reused state cannot go quadratic
+                    raise MalformedMetadata(".metadata sets a record's slot state DCP never writes")
                 merged.update(part)  # keys were checked when the dict was built
             elif part is not None:
                 merged["_raw"] = part  # a custom __getstate__: kept, never interpreted
-        self._grow(target, [state])
         target.state = merged
+
+    # -- the interpreter --------------------------------------------------------------------------
+    def run(self, data: bytes, limits: Limits) -> Any:
+        """Interpret `data`; the hot opcodes of real DCP metadata come first in the branch chain."""
+        max_ops, max_marks, max_depth = limits.max_ops, limits.max_marks, limits.max_depth
+        new, call, build, setitems = self.new, self.call, self.build, self.setitems
+        depth, depth_get, alive_push = self.depth, self.depth.get, self.alive.append
+        size = len(data)
+        stack: list[Any] = []
+        push = stack.append
+        marks: list[list[Any]] = []
+        memo: list[Any] = []
+        memo_push = memo.append
+        text = io.BytesIO(data)  # the rare newline-terminated (protocol 0) arguments, via pickletools
+        (MARK, STOP, POP, POP_MARK, DUP, _, _, BININT, BININT1, _, BININT2, NONE, REDUCE, _, BINSTRING,
+         SHORT_BINSTRING, _, BINUNICODE, APPEND, BUILD, GLOBAL, DICT, EMPTY_DICT, APPENDS, GET, BINGET,
+         LONG_BINGET, LIST, EMPTY_LIST, PUT, BINPUT, LONG_BINPUT, SETITEM, TUPLE, EMPTY_TUPLE, SETITEMS, BINFLOAT,
+         PROTO, NEWOBJ, TUPLE1, TUPLE2, TUPLE3, NEWTRUE, NEWFALSE, LONG1, LONG4, _, SHORT_BINBYTES, SHORT_BINUNICODE,
+         BINUNICODE8, BINBYTES8, EMPTY_SET, ADDITEMS, FROZENSET, NEWOBJ_EX, STACK_GLOBAL, MEMOIZE, FRAME,
+         BYTEARRAY8) = _OPCODES  # fmt: skip
+        sealed = self.sealed
+        pos = ops = 0
+        while True:
+            op = data[pos]
+            pos += 1
+            ops += 1
+            if ops > max_ops:
+                raise MalformedMetadata(f".metadata has more than {max_ops} pickle opcodes")
+            if op == MEMOIZE:
+                memo_push(stack[-1])
+            elif op == BINGET or op == LONG_BINGET:
+                if op == BINGET:
+                    index = data[pos]
+                    pos += 1
+                else:
+                    (index,) = _U32(data, pos)
+                    pos += 4
+                try:  # unsigned: only too large can fail
+                    push(memo[index])
+                except IndexError:
+                    raise MalformedMetadata(".metadata reads a memo index that was never stored") from None
+            elif op == BININT1:
+                push(data[pos])
+                pos += 1
+            elif op == MARK:
+                if len(marks) >= max_marks:
+                    raise MalformedMetadata(f".metadata nests more than {max_marks} MARKs")
+                marks.append(stack)
+                stack = []
+                push = stack.append
+            elif op == EMPTY_TUPLE:
+                push(())
+            elif op == NEWOBJ or op == REDUCE:
+                args = stack.pop()
+                func = stack[-1]
+                if type(func) is Global and func.kind == RECORD and type(args) is tuple and not args:  # a dataclass
+                    record = Inert(func.qualname, ())
+                    depth[id(record)] = 1
+                    alive_push(record)
+                    stack[-1] = record
+                else:
+                    stack[-1] = call(func, args)
+            elif op == TUPLE1 or op == TUPLE2:  # inline `new` for the commonest containers (torch.Size, keys)
+                if op == TUPLE1:
+                    items = (stack[-1],)
+                else:
+                    items = (stack[-2], stack[-1])
+                    del stack[-1]
+                d = 1
+                for child in items:
+                    cd = depth_get(id(child))
+                    if cd is not None:
+                        sealed.add(id(child))
+                        if cd >= d:
+                            d = cd + 1
+                if d > max_depth:
+                    raise MalformedMetadata(f".metadata nests deeper than {max_depth} levels")
+                depth[id(items)] = d
+                alive_push(items)
+                stack[-1] = items
+            elif op == BUILD:
+                state = stack.pop()
+                target = stack[-1]
+                sd = depth_get(id(state))
+                if type(target) is Inert and type(state) is dict and id(target) not in sealed and sd is not None:
+                    sealed.add(id(state))  # inline `build` for a record's state dict: shared, never copied
+                    d = depth[id(target)]
+                    if sd >= d:
+                        d = sd + 1
+                        if d > max_depth:
+                            raise MalformedMetadata(f".metadata nests deeper than {max_depth} levels")
+                        depth[id(target)] = d
+                    target.state = state
+                else:
+                    build(target, state)
+            elif op == SETITEMS:
+                items = stack
+                stack = marks.pop()
+                push = stack.append
+                setitems(stack[-1], items)
+            elif op == EMPTY_DICT:
+                obj: Any = {}
+                depth[id(obj)] = 1
+                alive_push(obj)
+                push(obj)
+            elif op == SHORT_BINUNICODE:
+                end = pos + 1 + data[pos]
+                if end > size:
+                    raise MalformedMetadata(".metadata ends inside a string (truncated?)")
+                push(data[pos + 1 : end].decode("utf-8", "surrogatepass"))
+                pos = end
+            elif op == TUPLE3:
+                if len(stack) < 3:
+                    raise MalformedMetadata(".metadata pops an empty stack")
+                items = tuple(stack[-3:])
+                del stack[-3:]
+                push(new(items, items))
+            elif op == NEWFALSE:
+                push(False)
+            elif op == NEWTRUE:
+                push(True)
+            elif op == NONE:
+                push(None)
+            elif op == BININT2:
+                push(_U16(data, pos)[0])
+                pos += 2
+            elif op == BININT:
+                push(_I32(data, pos)[0])
+                pos += 4
+            elif op == LONG1 or op == LONG4:
+                if op == LONG1:
+                    n, pos = data[pos], pos + 1
+                else:
+                    (n,), pos = _I32(data, pos), pos + 4
+                if n > _MAX_LONG_BYTES:
+                    raise MalformedMetadata(f".metadata holds an integer wider than {MAX_INT_BITS} bits")
+                if n < 0 or pos + n > size:
+                    raise MalformedMetadata(".metadata ends inside an integer (truncated?)")
+                push(_wide(int.from_bytes(data[pos : pos + n], "little", signed=True)))
+                pos += n
+            elif op == BINPUT or op == LONG_BINPUT:
+                if op == BINPUT:
+                    index, pos = data[pos], pos + 1
+                else:
+                    (index,), pos = _U32(data, pos), pos + 4
+                self._put(memo, index, stack[-1])
+            elif op == STACK_GLOBAL:
+                attr = stack.pop()
+                stack[-1] = _resolve(stack[-1], attr)
+            elif op == EMPTY_LIST:
+                push(new([]))
+            elif op == APPEND:
+                value = stack.pop()
+                self.extend(stack[-1], [value])
+            elif op == APPENDS or op == ADDITEMS:
+                items = stack
+                stack = marks.pop()
+                push = stack.append
+                self.extend(stack[-1], items)
+            elif op == FRAME:
+                pos += 8  # frames only group opcodes for buffered readers: the whole file is in memory
+            elif op == PROTO:
+                pos += 1
+            elif op in _SIZED_OPS:
+                if op == SHORT_BINBYTES or op == SHORT_BINSTRING:
+                    n, pos = data[pos], pos + 1
+                elif op == BINUNICODE8 or op == BINBYTES8 or op == BYTEARRAY8:
+                    (n,), pos = _U64(data, pos), pos + 8
+                elif op == BINSTRING:
+                    (n,), pos = _I32(data, pos), pos + 4
+                else:
+                    (n,), pos = _U32(data, pos), pos + 4
+                end = pos + n
+                if n < 0 or end > size:
+                    raise MalformedMetadata(".metadata ends inside a string (truncated?)")
+                raw = data[pos:end]
+                if op == BINUNICODE or op == BINUNICODE8:
+                    push(raw.decode("utf-8", "surrogatepass"))
+                elif op == BINSTRING or op == SHORT_BINSTRING:
+                    push(raw.decode("latin-1"))
+                else:
+                    push(raw)  # BYTEARRAY8 too: immutable, nothing built here can change later
+                pos = end
+            elif op == BINFLOAT:
+                push(_F64(data, pos)[0])
+                pos += 8
+            elif op == EMPTY_SET:
+                push(new([]))  # a set is only iterated: a list avoids hashing items
+            elif op == TUPLE or op == FROZENSET or op == LIST or op == DICT:
+                items = stack
+                stack = marks.pop()
+                push = stack.append
+                if op == LIST:
+                    push(new(items, items))
+                elif op == DICT:
+                    target = new({})
+                    self.setitems(target, items)
+                    push(target)
+                else:
+                    tup = tuple(items)
+                    push(new(tup, tup))
+            elif op == SETITEM:
+                value = stack.pop()
+                key = stack.pop()
+                self.setitems(stack[-1], [key, value])
+            elif op == POP:
+                stack.pop()
+            elif op == POP_MARK:
+                stack = marks.pop()
+                push = stack.append
+            elif op == DUP:
+                push(stack[-1])
+            elif op == NEWOBJ_EX:
+                kwargs = stack.pop()
+                args = stack.pop()
+                stack[-1] = call(stack[-1], args, kwargs)
+            elif op == STOP:
+                if len(stack) != 1 or marks:
+                    raise MalformedMetadata(".metadata ends with a malformed stack")
+                return stack[0]
+            elif op in _REFUSED_OPS:
+                name = _OPS[op].name
+                raise UnsafeMetadata(f"it uses the {name} pickle opcode, which DCP metadata never needs")
+            elif op in _OPS:  # the protocol-0 opcodes with a newline-terminated argument
+                text.seek(pos)
+                arg = _OPS[op].arg.reader(text)  # type: ignore[union-attr]
+                pos = text.tell()
+                if op == GLOBAL:
+                    module, _, attr = arg.partition(" ")
+                    push(_resolve(module, attr))
+                elif op == GET:
+                    if type(arg) is not int or not 0 <= arg < len(memo):
+                        raise MalformedMetadata(".metadata reads a memo index that was never stored")
+                    push(memo[arg])
+                elif op == PUT:
+                    if type(arg) is not int:
+                        raise MalformedMetadata(".metadata stores to a memo index out of sequence")
+                    self._put(memo, arg, stack[-1])
+                else:  # INT, LONG, FLOAT, STRING, UNICODE
+                    push(_wide(arg) if type(arg) is int else arg)
+            else:
+                raise MalformedMetadata("cannot read .metadata: an unknown pickle opcode")
+
+    @staticmethod
+    def _put(memo: list[Any], index: int, value: Any) -> None:
+        if index < len(memo):
+            memo[index] = value
+        elif index == len(memo):
+            memo.append(value)
+        else:
+            raise MalformedMetadata(".metadata stores to a memo index out of sequence")
 
 
 def load(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
     """Interpret `.metadata` bytes into plain data and `Inert` records (raises Unsafe/MalformedMetadata)."""
-    prescan(data, limits)
+    if len(data) > limits.max_bytes:
+        raise MalformedMetadata(f".metadata is larger than the {limits.max_bytes}-byte cap")
+    collecting = gc.isenabled()
+    gc.disable()  # nothing built here can form a cycle; collections would rescan millions of containers
     try:
-        return _Builder(limits).run(data)
+        return _Interpreter(limits).run(bytes(data), limits)
     except (UnsafeMetadata, MalformedMetadata):
         raise
     except MemoryError:
         raise
-    except Exception as exc:  # IndexError on an empty stack, KeyError, TypeError, ...
-        raise MalformedMetadata(f"cannot read .metadata: {type(exc).__name__} while building it") from None
+    except IndexError:
+        raise MalformedMetadata("cannot read .metadata: it pops an empty stack or ends before STOP") from None
+    except Exception as exc:  # struct.error on a truncated argument, UnicodeDecodeError, ValueError, ...
+        raise MalformedMetadata(f"cannot read .metadata: {type(exc).__name__} while decoding the pickle") from None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass(frozen=True)
