@@ -109,3 +109,22 @@ def test_hostile_marks_do_not_break_discovery(tmp_path: Path, template: Path) ->
     (tmp_path / "step-0000000020" / lineage.WRITER_FILE).symlink_to("/etc/hostname")
     found = latest(tmp_path)
     assert found.error is None and found.latest is not None and found.latest.step == 20
+
+
+def test_an_unchanged_metadata_is_parsed_once(tmp_path: Path, template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polls of a big, unchanged checkpoint re-check its shards only (parsing is the costly part)."""
+    from resilient_contract import dcp_metadata
+
+    calls = []
+    real = dcp_metadata.storage_entries
+    monkeypatch.setattr(dcp_metadata, "storage_entries", lambda *a, **k: calls.append(1) or real(*a, **k))
+    path = put(tmp_path, template, 20, writer=1)
+    store = layout.LocalStore(str(tmp_path))
+    assert layout.check_step(store, path.name).complete and layout.check_step(store, path.name).complete
+    assert len(calls) == 1
+    shard = next(path.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:10])  # a shard cut short later is still caught from the cache
+    assert "truncated" in layout.check_step(store, path.name).reason and len(calls) == 1
+    (path / layout.METADATA_FILE).write_bytes((path / layout.METADATA_FILE).read_bytes())  # rewritten: parse again
+    layout.check_step(store, path.name)
+    assert len(calls) == 2

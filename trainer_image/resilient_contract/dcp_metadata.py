@@ -327,7 +327,7 @@ class _Interpreter:
                     stack[-1] = call(func, args)
             elif op == TUPLE1 or op == TUPLE2:  # inline `new` for the commonest containers (torch.Size, keys)
                 if op == TUPLE1:
-                    items = (stack[-1],)
+                    items: Any = (stack[-1],)
                 else:
                     items = (stack[-2], stack[-1])
                     del stack[-1]

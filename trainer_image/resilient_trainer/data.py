@@ -115,7 +115,7 @@ class GlobalBatchLoader:
         self._key: tuple[int, int] | None = None
 
     def _restart(self, position: int) -> None:
-        order = GlobalOrder(len(self.dataset), self.state.seed, self.shuffle)  # type: ignore[arg-type]
+        order = GlobalOrder(len(self.dataset), self.state.seed, self.shuffle)
         sampler = StepSampler(
             order, position, self.state.global_batch, self.world_size, self.rank, self.micro_batch
         )

@@ -49,6 +49,7 @@ def init(timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = Non
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timeout)
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
+    assert isinstance(ckpt_group, dist.ProcessGroup)  # every rank is a member
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, ckpt_group)
 
 

@@ -30,7 +30,7 @@ def _write(ctx: DistContext, kind: str, **fields: object) -> str | None:
     if ctx.local_rank != 0:
         return None
     try:
-        return completion.write_termination_message(kind, attempt=current_attempt(), **fields)
+        return completion.write_termination_message(kind, None, attempt=current_attempt(), **fields)
     except OSError as exc:
         print(f"warning: cannot write termination message: {exc}", file=sys.stderr, flush=True)
         return None

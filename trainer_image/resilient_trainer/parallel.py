@@ -65,7 +65,7 @@ def sum_fsdp_gradients(model: nn.Module) -> None:
 def sum_allreduce_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: all-reduce with SUM and no division by the world size."""
     group = state if isinstance(state, dist.ProcessGroup) else None
-    fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()  # type: ignore[union-attr]
+    fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
 
 

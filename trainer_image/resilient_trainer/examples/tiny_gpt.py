@@ -182,10 +182,10 @@ def _lr_lambda(warmup: int, total: int) -> Any:
 
 def build(args: argparse.Namespace, ctx: rdist.DistContext) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(args.seed)  # same initial weights on every rank, before sharding
-    model = TinyGPT(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(ctx.device)
+    model: nn.Module = TinyGPT(args.vocab, args.d_model, args.layers, args.heads, args.seq_len).to(ctx.device)
     # Gradients are summed across ranks (the loss is already divided by B): see resilient_trainer.parallel.
     if args.parallel == "fsdp":
-        model = parallel.shard_model(model, ctx, blocks=model.blocks)
+        model = parallel.shard_model(model, ctx, blocks=model.blocks)  # type: ignore[arg-type]
     else:
         model = parallel.replicate_model(model, ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -301,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint_every and train_state.step % args.checkpoint_every == 0 and (
             train_state.step < args.steps
         ):
-            path = ckpt.save(train_state.step)
-            emit(ctx.rank, "RTJ_CHECKPOINT", step=train_state.step, path=path,
+            saved = ckpt.save(train_state.step)
+            emit(ctx.rank, "RTJ_CHECKPOINT", step=train_state.step, path=saved,
                  blocked_s=f"{ckpt.last_blocked_s:.4f}")
 
     final = ckpt.save(train_state.step, blocking=True)
