@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from e2e import scenarios
+from e2e import scenarios, support
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.support import MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
-from resilient_contract import environment, layout
+from e2e.support import HOST_DIR, MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
+from resilient_contract import environment, layout, lineage
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
@@ -221,3 +221,75 @@ def parse_time(value: str) -> Any:
     from resilient_operator.core.timeutil import parse
 
     return parse(value)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("caught_before_commit", [True, False], ids=["rank0-held-before-commit", "gang-keeps-training"])
+def test_a_cut_off_gang_never_corrupts_the_checkpoint_lineage(
+    cluster: Cluster, job_ns: str, reference: dict[str, Any], caught_before_commit: bool
+) -> None:
+    """A partition, not a dead machine: the node's agent is frozen (no heartbeats, no kills), so the old gang
+    (one pod, both ranks) keeps running after the operator fenced it and started attempt 2 elsewhere.
+
+    rank0-held-before-commit: rank 0 is caught by a test hook between the shards and `.metadata` of a save;
+    released after attempt 2 marked the root, it must not commit. gang-keeps-training: the old gang goes on
+    training and saving. Either way the newest complete checkpoint is never the cut-off gang's after the
+    fence, a FencedGangWriting event names the frozen node, and the job ends with the right model."""
+    import torch
+
+    ns, name = job_ns, "cutoff"
+    host = cluster.host_path(HOST_DIR)
+    release = host / ns / f"{name}-release"
+    release.parent.mkdir(parents=True, exist_ok=True)
+    release.touch()  # no hold until the test removes it
+    scenarios.shared_claim(cluster, ns)
+    job = scenarios.example_job(name, ns, replicas=1, min_replicas=1, nprocPerNode=2, steps=STEPS,
+                                checkpoint_every=4, step_delay=1.0 if caught_before_commit else 1.5,
+                                extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",))
+    if caught_before_commit:
+        job["spec"]["template"]["spec"]["containers"][0].setdefault("env", []).append(
+            {"name": "RTJ_TEST_HOLD_METADATA", "value": f"{MOUNT}/{ns}/{name}-release"})
+    cluster.apply(job)
+    pods = running_attempt(cluster, ns, name, 1, 1, timeout=180)
+    uid = get_job(cluster, ns, name)["metadata"]["uid"]
+    root = scenarios.host_root(cluster, job)
+    first = scenarios.first_complete_checkpoint(cluster, job)
+    node = node_of(pods, "0")
+    if caught_before_commit:
+        release.unlink()  # the next save's rank 0 holds before .metadata; wait until its shards are written
+
+        def held() -> Path | None:
+            for d in sorted(root.glob("step-*")):
+                if layout.parse_step_dir(d.name) > first.step and list(d.glob("*.distcp")) and \
+                        not (d / layout.METADATA_FILE).exists():
+                    return d
+            return None
+
+        caught = wait_for(held, 60, "a save held before its .metadata")
+    support.pause_node_agent(cluster, node)
+    running_attempt(cluster, ns, name, 2, 1, timeout=120)
+    mark = root / lineage.marker_name(uid, 2)
+    wait_for(mark.exists, 120, "attempt 2's fence mark")
+    if caught_before_commit:
+        release.touch()
+        wait_for((caught / lineage.REFUSED_FILE).exists, 60, "the held rank 0 to find the mark and refuse")
+        assert not (caught / layout.METADATA_FILE).exists()
+    else:
+        wait_for(lambda: any(root.glob(f"step-*/{lineage.REFUSED_FILE}")), 120, "a refused save of the old gang")
+
+    def warned() -> list[str]:
+        return [e for e in events(cluster, ns, name) if e.startswith(c.REASON_FENCED_WRITER)]
+
+    story = wait_for(warned, 60, "a FencedGangWriting event")
+    assert node in story[0], story
+    final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    assert any(h.get("lateWrite") for h in final["history"] if h["attempt"] == 1), final["history"]
+    # the lineage: the newest complete checkpoint was written by attempt 2, never by the fenced gang
+    latest = layout.discover(str(root), job=uid).latest
+    assert latest is not None
+    writer = lineage.parse_writer((Path(latest.path) / lineage.WRITER_FILE).read_bytes())
+    assert writer == (uid, 2), (latest, writer)
+    state = torch.load(root.with_suffix(".pt"), weights_only=False)
+    diff = relative_difference(reference["model"], state["model"])
+    print(f"\nafter a cut-off gang: final model vs reference {diff:.2e}; lateWrite {final['history'][0]}")
+    assert diff <= TOLERANCE

@@ -514,9 +514,14 @@ def newest_step_entries(store: CheckpointStore, limit: int | None) -> tuple[list
                 total += 1
                 yield step, name, kind
 
+    # Newest first; within one step the plain name before `.a<attempt>` ones: a cut-off gang usually holds
+    # the plain name, and looking at it first lets discovery report it before the newer attempt's copy wins.
+    def order(entry: tuple[int, str, str]) -> tuple[int, int, str]:
+        return entry[0], step_dir_attempt(entry[1]) is None, entry[1]
+
     if limit is None:
-        return sorted(steps(), reverse=True), total
-    return heapq.nlargest(limit, steps()), total
+        return sorted(steps(), key=order, reverse=True), total
+    return heapq.nlargest(limit, steps(), key=order), total
 
 
 def scan_newest_first(store: CheckpointStore, limits: ScanLimits | None = None) -> Iterator[Verdict]:
