@@ -76,7 +76,7 @@ def main() -> None:
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     dataset = TokenFile(args.data, args.seq_len)
-    sampler: DistributedSampler[torch.Tensor] = DistributedSampler(dataset, shuffle=True, seed=0)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size // world_size, sampler=sampler, drop_last=True)
     step = 0
     for epoch in itertools.count():
