@@ -10,13 +10,15 @@ import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlparse
 
 from kubernetes.client.exceptions import ApiException
 
-from resilient_contract import layout
+from resilient_contract import layout, progress
 from resilient_operator import constants as c
 from resilient_operator import metrics, views
 from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
+from resilient_operator.core.model import OperatorConfig, Progress
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -53,6 +55,26 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     return obj, job, pods, nodes, listing
 
 
+def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
+    """The launchers' reports for the pods of the job's current attempt (bounded reads; hostile input)."""
+    root = job.spec.checkpoint_root
+    root = urlparse(root).path if root.startswith("file://") else root
+    attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
+    out = []
+    for pod in pods:
+        if job.problem or pod.attempt != attempt or not root:
+            continue
+        report = progress.read_report(root, pod.name)
+        if report is None or report.attempt != pod.attempt:
+            continue
+        out.append(Progress(pod=pod.name, attempt=report.attempt, step=report.step,
+                            updated=datetime.fromtimestamp(report.time, UTC), step_seconds=report.step_seconds,
+                            slowest_rank=report.slowest_rank,
+                            first_step_at=datetime.fromtimestamp(report.first_step_at, UTC)
+                            if report.first_step_at else None))
+    return out
+
+
 def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
     ns = obj["metadata"]["namespace"]
     for name in plan.force_delete:
@@ -70,6 +92,8 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
                 what = f"{manifest['kind']} {manifest['metadata']['name']}"
                 kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, f"cannot create {what}: {_api_message(exc)}")
             raise
+    for name in plan.release:
+        kube.delete_pdb(ns, name)
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
 
@@ -100,7 +124,8 @@ def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeV
         metrics.TIME_TO_RELAUNCH.observe((now - detected).total_seconds())
 
 
-def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, str | None]:
+def reconcile_job(kube: Kube, namespace: str, name: str,
+                  config: OperatorConfig | None = None) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
         observed = observe(kube, namespace, name)
@@ -108,9 +133,11 @@ def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, 
             return None, None
         obj, job, pods, nodes, listing = observed
         now = datetime.now(UTC)
-        plan = reconcile(job, pods, nodes, listing, now)
+        plan = reconcile(job, pods, nodes, listing, now, progress=read_progress(job, pods),
+                         config=config or OperatorConfig())
         apply(kube, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
+        metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
         return plan.requeue_after, plan.status.get("phase")

@@ -47,6 +47,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.coordination = client.CoordinationV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
         self._nodes_lock = threading.Lock()
         self._nodes_at = 0.0
         self._nodes: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] = ([], {})
@@ -100,6 +101,8 @@ class Kube:
                 self.core.create_namespaced_pod(ns, manifest)  # type: ignore[arg-type]  # the client takes dicts too
             elif manifest["kind"] == "Service":
                 self.core.create_namespaced_service(ns, manifest)  # type: ignore[arg-type]
+            elif manifest["kind"] == "PodDisruptionBudget":
+                self.policy.create_namespaced_pod_disruption_budget(ns, manifest)  # type: ignore[arg-type]
             else:
                 raise ValueError(f"cannot create {manifest['kind']}")
             return True
@@ -114,6 +117,14 @@ class Kube:
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
                                             body=client.V1DeleteOptions(grace_period_seconds=grace))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_pdb(self, namespace: str, name: str) -> None:
+        """Release an attempt's PodDisruptionBudget; one already gone is fine."""
+        try:
+            self.policy.delete_namespaced_pod_disruption_budget(name, namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise

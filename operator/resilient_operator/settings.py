@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from resilient_operator.core.model import OperatorConfig
 
 
 @dataclass(frozen=True)
@@ -13,6 +16,7 @@ class Settings:
     health_port: int
     workers: int  # jobs reconciled concurrently (one job is never reconciled twice at once)
     log_level: str
+    config: OperatorConfig = field(default_factory=OperatorConfig)  # what the core's policies read
 
     @classmethod
     def from_environ(cls) -> Settings:
@@ -23,4 +27,16 @@ class Settings:
             health_port=int(os.environ.get("RTJ_HEALTH_PORT", "8081")),
             workers=int(os.environ.get("RTJ_WORKERS", "8")),
             log_level=os.environ.get("RTJ_LOG_LEVEL", "INFO"),
+            config=operator_config(os.environ),
         )
+
+
+def operator_config(env: Mapping[str, str]) -> OperatorConfig:
+    """The cluster-wide policy knobs the chart sets (defaults: the core's)."""
+    default = OperatorConfig()
+    taints = env.get("RTJ_DRAIN_TAINTS")
+    return OperatorConfig(
+        drain_taints=frozenset(t.strip() for t in taints.split(",") if t.strip()) if taints is not None
+        else default.drain_taints,
+        settle_seconds=float(env.get("RTJ_SETTLE_SECONDS", default.settle_seconds)),
+    )

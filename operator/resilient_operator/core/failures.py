@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from resilient_contract import completion
 from resilient_operator import constants as c
@@ -50,6 +50,7 @@ class Failure:
     node: str | None = None
     exit_code: int | None = None
     lost_nodes: tuple[str, ...] = ()
+    occurred: datetime | None = None  # the last sign of life before it, when known better than the exit
 
 
 def finished_ok(pod: PodView) -> bool:
