@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from resilient_contract import layout, progress
 from resilient_operator import constants as c
 from resilient_operator import metrics, views
-from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
+from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
@@ -124,6 +124,24 @@ def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeV
         metrics.TIME_TO_RELAUNCH.observe((now - detected).total_seconds())
 
 
+def _newly_blamed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    def times(st: dict[str, Any]) -> int:
+        return sum(len(e.get("failureTimes") or []) for e in st.get("badNodes") or [] if isinstance(e, dict))
+
+    return times(after) > times(before)
+
+
+def taint_bad_nodes(kube: Kube, config: OperatorConfig, nodes: dict[str, NodeView], now: datetime) -> None:
+    """Opt-in: taint nodes blamed for repeated failures across jobs (one LIST of jobs, only after a blame)."""
+    assert config.bad_node_taint
+    decisions = badnodes.to_taint(kube.list_job_statuses(), nodes, now, config.bad_node_taint,
+                                  config.bad_node_failures, config.bad_node_window_seconds,
+                                  config.bad_node_max_fraction)
+    for decision in decisions:
+        if kube.taint_node(decision.node, config.bad_node_taint, decision.message):
+            log.warning("tainted node %s: %s", decision.node, decision.message)
+
+
 def reconcile_job(kube: Kube, namespace: str, name: str,
                   config: OperatorConfig | None = None) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
@@ -138,6 +156,8 @@ def reconcile_job(kube: Kube, namespace: str, name: str,
         apply(kube, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
+        if config and config.bad_node_taint and _newly_blamed(obj.get("status") or {}, plan.status):
+            taint_bad_nodes(kube, config, nodes, now)
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
         return plan.requeue_after, plan.status.get("phase")

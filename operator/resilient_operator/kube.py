@@ -121,6 +121,35 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def list_job_statuses(self) -> list[dict[str, Any]]:
+        """Every job's status, cluster-wide (only when a failure was blamed on a node, for bad-node tainting)."""
+        items = _raw(self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, _preload_content=False))
+        return [item.get("status") or {} for item in items["items"]]
+
+    def taint_node(self, name: str, key: str, message: str) -> bool:
+        """Add `key:NoSchedule` to a node (guarded by its resourceVersion) and say why in an event on it."""
+        node = _raw(self.core.read_node(name, _preload_content=False))
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        if any(t.get("key") == key for t in taints):
+            return False
+        taints.append({"key": key, "value": "repeated-failures", "effect": "NoSchedule"})
+        body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": taints}}
+        self.core.patch_node(name, body)
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace="default"),
+            involved_object=client.V1ObjectReference(api_version="v1", kind="Node", name=name,
+                                                     uid=node["metadata"].get("uid")),
+            reason=c.REASON_NODE_TAINTED, message=message[:1024], type="Warning", count=1,
+            first_timestamp=now, last_timestamp=now, source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT, reporting_instance=self.identity,
+        )
+        try:
+            self.core.create_namespaced_event("default", event)
+        except ApiException as exc:
+            log.warning("could not post event %s on node %s: %s", c.REASON_NODE_TAINTED, name, exc.reason)
+        return True
+
     def delete_pdb(self, namespace: str, name: str) -> None:
         """Release an attempt's PodDisruptionBudget; one already gone is fine."""
         try:

@@ -39,4 +39,8 @@ def operator_config(env: Mapping[str, str]) -> OperatorConfig:
         drain_taints=frozenset(t.strip() for t in taints.split(",") if t.strip()) if taints is not None
         else default.drain_taints,
         settle_seconds=float(env.get("RTJ_SETTLE_SECONDS", default.settle_seconds)),
+        bad_node_taint=env.get("RTJ_BAD_NODE_TAINT") or None,
+        bad_node_failures=int(env.get("RTJ_BAD_NODE_FAILURES", default.bad_node_failures)),
+        bad_node_window_seconds=float(env.get("RTJ_BAD_NODE_WINDOW_SECONDS", default.bad_node_window_seconds)),
+        bad_node_max_fraction=float(env.get("RTJ_BAD_NODE_MAX_FRACTION", default.bad_node_max_fraction)),
     )

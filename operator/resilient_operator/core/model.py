@@ -137,6 +137,11 @@ class OperatorConfig:
     drain_taints: frozenset[str] = frozenset(c.DEFAULT_DRAIN_TAINTS)
     # A relaunch waits at most this long for capacity that is seconds away (see core/settle.py).
     settle_seconds: float = 15.0
+    # Opt-in cluster-wide bad-node tainting (core/badnodes.py): the taint key, or None when off.
+    bad_node_taint: str | None = None
+    bad_node_failures: int = 3
+    bad_node_window_seconds: float = 3600.0
+    bad_node_max_fraction: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from resilient_contract import completion
 from resilient_contract.layout import Listing, Verdict, step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import (
+    badnodes,
     budgets,
     capacity,
     drain,
@@ -106,7 +107,10 @@ class _Ctx:
 
     def avoid(self) -> list[str]:
         """Nodes a new pod must not land on: lost ones (Kubernetes may still call them Ready), draining ones."""
-        return sorted(set(self.health.lost_names) | set(self.draining))
+        return sorted(set(self.health.lost_names) | set(self.draining) | set(self.bad_nodes()))
+
+    def bad_nodes(self) -> dict[str, datetime]:
+        return badnodes.avoided(self.status, self.now)
 
 
 def reconcile(
@@ -126,6 +130,7 @@ def reconcile(
         return ctx.plan
     _adopt_newer_attempt(ctx)
     _observe_checkpoints(ctx)
+    badnodes.prune(st, now)
     _account(ctx)
 
     if ctx.phase in c.TERMINAL_PHASES:
@@ -300,6 +305,7 @@ def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]
             last[field] = value
     st["lastFailure"] = last
     goodput.open_recovery(st, failure.kind, _occurred(ctx, failure, current), ctx.now, _reached(ctx))
+    _blame(ctx, failure)
     ctx.close_history(failure.reason)
     ctx.fence(current)
     where = f" on node {failure.node}" if failure.node else ""
@@ -337,7 +343,8 @@ def _target_replicas(ctx: _Ctx) -> tuple[int | None, int]:
     """The size the healthy capacity allows (None below the minimum), and that capacity (draining nodes,
     even ones the template tolerates, hold nothing: they are about to go)."""
     per_node = capacity.capacity(ctx.health, ctx.spec.placement).per_node
-    cap = sum(n for name, n in per_node.items() if name not in ctx.draining)
+    skip = set(ctx.draining) | set(ctx.bad_nodes())
+    cap = sum(n for name, n in per_node.items() if name not in skip)
     return capacity.choose_replicas(ctx.spec.replicas, ctx.spec.elastic, cap), cap
 
 
@@ -401,6 +408,8 @@ def _relaunch(ctx: _Ctx) -> None:
         ctx.set_phase(c.WAITING_FOR_CAPACITY)
         ctx.condition(c.COND_CAPACITY, False, c.REASON_BELOW_MIN, message)
         ctx.plan.look_again(CAPACITY_RECHECK_SECONDS)  # node events normally bring us back first
+        for until in ctx.bad_nodes().values():  # an avoided node becomes usable again with no event
+            ctx.plan.look_again((until - ctx.now).total_seconds())
         return
     ctx.condition(c.COND_CAPACITY, True, c.REASON_ENOUGH, f"the healthy nodes hold {cap} workers")
     if not _storage_ok(ctx):
@@ -522,3 +531,17 @@ def _drain(ctx: _Ctx, current: Sequence[PodView], notices: Sequence[drain.Notice
     ctx.condition(c.COND_RUNNING, False, c.REASON_DRAIN, message)
     ctx.condition(c.COND_RECOVERING, True, c.REASON_DRAIN, message)
     ctx.event("Normal", c.REASON_DRAIN, message)
+
+
+def _blame(ctx: _Ctx, failure: failures.Failure) -> None:
+    """Remember the node(s) that broke the attempt (infrastructure failures and hangs only)."""
+    if failure.kind == c.APPLICATION:
+        return
+    before = set(ctx.bad_nodes())
+    for node in failure.lost_nodes or ((failure.node,) if failure.node else ()):
+        reason = c.REASON_NODE_LOST if node in failure.lost_nodes else failure.reason
+        badnodes.record(ctx.status, node, reason, ctx.now, ctx.spec.bad_node_seconds)
+    for node, until in sorted(ctx.bad_nodes().items()):
+        if node not in before:
+            ctx.event("Normal", c.REASON_AVOID_NODE, f"node {node} broke attempt {ctx.attempt} ({failure.reason}); "
+                      f"this job's next attempts avoid it until {fmt(until)} (spec.badNodeSeconds)")
