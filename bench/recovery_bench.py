@@ -19,8 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e import scenarios, support
-from e2e.localcluster import get_cluster
+from e2e import get_cluster, scenarios, support
 from e2e.localcluster.cluster import wait_for
 
 

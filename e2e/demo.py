@@ -16,8 +16,7 @@ import threading
 import time
 from typing import Any
 
-from e2e import scenarios, support
-from e2e.localcluster import get_cluster
+from e2e import get_cluster, scenarios, support
 from e2e.localcluster.binaries import ensure_binaries
 from resilient_operator import constants as c
 

@@ -49,7 +49,7 @@ def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: i
     body = job["spec"]
     body["replicas"] = replicas
     body["elasticPolicy"].update(minReplicas=min_replicas, growBack=grow_back)
-    body["checkpoint"]["root"] = f"{MOUNT}/{namespace}-{name}"
+    body["checkpoint"]["root"] = f"{MOUNT}/{namespace}/{name}"
     body["nodeLossTimeoutSeconds"] = node_loss_timeout
     body.update(spec)
     pod = body["template"]["spec"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster import ClusterLike
 from e2e.localcluster.binaries import REPO_ROOT
 from e2e.localcluster.cluster import Cluster, wait_for
 from resilient_contract import environment
@@ -32,19 +33,19 @@ NODES = ("w0", "w1", "w2", "w3")
 HOST_DIR = "/rtj-checkpoints"  # a hostPath shared by every simulated node: the RWX checkpoint volume
 
 
-def install_operator(rtj_cluster: Cluster) -> Cluster:
+def install_operator(cluster: ClusterLike) -> ClusterLike:
     """The session cluster plus a pool of one-GPU training nodes and a node for the operator."""
     for name in NODES:
-        rtj_cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
-    rtj_cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
-    shared = rtj_cluster.host_path(HOST_DIR)
+        cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
+    cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
+    shared = cluster.host_path(HOST_DIR)
     shared.mkdir(parents=True, exist_ok=True)
     shared.chmod(0o1777)  # workers run as their image's non-root user; each job gets its own root inside
-    rtj_cluster.kubectl("create", "namespace", OPERATOR_NS)
-    rtj_cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
+    cluster.kubectl("create", "namespace", OPERATOR_NS)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
                      "--set", f"checkpointStorage.hostPath={HOST_DIR}", "--set", f"checkpointStorage.mountPath={MOUNT}",
                      "--set", "nodeSelector.role=infra", "--set", "logLevel=DEBUG")  # fmt: skip
-    return rtj_cluster
+    return cluster
 
 
 def custom(cl: Cluster) -> Any:
@@ -80,7 +81,7 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
     body: dict[str, Any] = {
         "replicas": replicas,
         "elasticPolicy": {"minReplicas": min_replicas},
-        "checkpoint": {"root": f"{MOUNT}/{ns}-{name}"},
+        "checkpoint": {"root": f"{MOUNT}/{ns}/{name}"},
         "nodeLossTimeoutSeconds": 4,
         "template": {"spec": {
             "terminationGracePeriodSeconds": 2,

@@ -1,4 +1,4 @@
-"""The kind-backed cluster: the same interface as `e2e.localcluster.Cluster`, for machines with Docker.
+"""The kind-backed cluster: `e2e.cluster.ClusterLike` for machines with Docker.
 
 Selected with RTJ_CLUSTER=kind. One control plane + N workers (default 3, RTJ_KIND_WORKERS),
 every node mounting the same host directory for each shared path (an RWX volume for checkpoints),
@@ -19,11 +19,12 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from e2e.cluster import ClusterTools
 
 KIND_VERSION = "v0.30.0"
 NODE_IMAGE = os.environ.get("RTJ_KIND_NODE_IMAGE", "kindest/node:v1.34.0")
@@ -72,8 +73,9 @@ def worker_container_names(cluster: str, workers: int) -> list[str]:
 
 
 @dataclass
-class KindCluster:
-    """A kind cluster with the local harness' interface (start/add_node/kill_node/restore_node/stop)."""
+class KindCluster(ClusterTools):
+    """A kind cluster behind the shared interface (apply/get/api_client/create_shared_pvc... come from
+    ClusterTools; start/add_node/kill_node/restore_node/stop are kind's own)."""
 
     name: str
     dir: Path
@@ -184,30 +186,6 @@ class KindCluster:
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """helm against this cluster."""
         return self.runner(["helm", f"--kubeconfig={self.kubeconfig}", *args], timeout=timeout, check=check)
-
-    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None) -> str:
-        """kubectl apply a manifest."""
-        if not isinstance(manifest, str):
-            items = manifest if isinstance(manifest, list) else [manifest]
-            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        ns = ["-n", namespace] if namespace else []
-        return self.kubectl("apply", *ns, "-f", "-", input=manifest).stdout
-
-    def wait_for_default_sa(self, namespace: str, timeout: float = 30) -> None:
-        """Pods are rejected until the namespace's default ServiceAccount exists."""
-        deadline = time.monotonic() + timeout
-        while self.kubectl("get", "sa", "default", "-n", namespace, check=False).returncode != 0:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"default SA in {namespace}")
-            time.sleep(0.5)
-
-    def api_client(self) -> Any:
-        """A `kubernetes.client.ApiClient` for this cluster."""
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
-        return client.ApiClient(cfg)
 
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         """kubectl logs (kind has real kubelets)."""

@@ -5,23 +5,14 @@
         c.add_node("n1", gpus=2)
         c.kubectl("get", "nodes")
 
-`get_cluster()` returns this harness or, with RTJ_CLUSTER=kind, the kind-backed one with the same interface.
+Use `e2e.get_cluster()` to let RTJ_CLUSTER choose between this backend and kind; this package never
+imports the kind one.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from e2e.cluster import wait_for
 
-from .cluster import Cluster, down, wait_for
+from .cluster import Cluster, down
 
-__all__ = ["Cluster", "down", "get_cluster", "wait_for"]
-
-
-def get_cluster(name: str = "rtj", **kwargs: Any) -> Any:
-    """Start a cluster of the kind chosen by RTJ_CLUSTER (`local`, the default, or `kind`)."""
-    if os.environ.get("RTJ_CLUSTER", "local") == "kind":
-        from e2e.kindcluster import KindCluster
-
-        return KindCluster.start(name, **kwargs)
-    return Cluster.start(name, **kwargs)
+__all__ = ["Cluster", "down", "wait_for"]

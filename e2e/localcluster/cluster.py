@@ -2,7 +2,9 @@
 
 Unlike envtest, the controller-manager and scheduler run too, so node lifecycle (NotReady,
 unreachable taints, taint eviction), garbage collection and scheduling are Kubernetes' own.
-Nodes are simulated by `node_agent.py` processes that run pods as local processes.
+Nodes are simulated by `node_agent.py` processes that run pods as local processes. Everything runs
+inside the cluster's own network namespace (network.py); the host reaches the apiserver through
+forward.py on a loopback port.
 """
 
 from __future__ import annotations
@@ -19,15 +21,21 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from e2e.cluster import ClusterTools, wait_for
 
 from . import network
 from .binaries import REPO_ROOT, ensure_binaries
 from .pki import PKI
 
 K8S_SERVICE_CIDR = "10.96.0.0/16"
+# Fixed ports: each cluster has a network namespace of its own, so nothing else binds them.
+T = TypeVar("T")
+API_PORT, ETCD_PORT, ETCD_PEER_PORT, KCM_PORT, SCHEDULER_PORT = 6443, 2379, 2380, 10257, 10259
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 DEFAULT_IMAGE_ENTRYPOINTS: dict[str, Any] = {
@@ -58,33 +66,19 @@ DNS_RBAC = {"apiVersion": "v1", "kind": "List", "items": [
 ]}
 
 
-# Control plane and node agents run at a higher CPU priority than pods (which the launcher resets
-# to 0): on a 2-core machine a busy training pod must not starve heartbeats into a false NotReady,
-# just as real nodes reserve CPU for the kubelet.
-def _raise_priority() -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, -5)
+def _in_cluster(netns_fd: int) -> Callable[[], None]:
+    """preexec_fn: enter the cluster's network namespace and raise the CPU priority.
 
+    Control plane and node agents run at a higher priority than pods (which the launcher resets to 0):
+    on a 2-core machine a busy training pod must not starve heartbeats into a false NotReady, just as
+    real nodes reserve CPU for the kubelet. (Two syscalls, no locks: safe between fork and exec.)
+    """
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (bind to 0 and release)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    def preexec() -> None:
+        network.enter(netns_fd)
+        os.setpriority(os.PRIO_PROCESS, 0, -5)
 
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll `predicate` until it returns a truthy value or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last_exc: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # readiness probes fail in many ways while starting
-            last_exc = exc
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+    return preexec
 
 
 def kill_process_tree(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -126,16 +120,21 @@ class NodeHandle:
 
 @dataclass
 class Component:
-    """One control-plane process and its log file."""
+    """One control-plane process, its arguments (for a restart) and its log file."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    args: list[str] = field(default_factory=list)
 
 
 @dataclass
-class Cluster:
-    """A running local cluster. Create with `Cluster.start(...)`; stop with `.stop()`."""
+class Cluster(ClusterTools):
+    """A running local cluster. Create with `Cluster.start(...)`; stop with `.stop()`.
+
+    `api_url` is the host's way in (the loopback forwarder); `api_host`/`api_port` are the apiserver's
+    address inside the cluster's namespace, where the nodes and pods reach it.
+    """
 
     name: str
     dir: Path
@@ -146,6 +145,7 @@ class Cluster:
     api_port: int
     subnet: int
     bridge: str
+    netns: str
     pki: PKI
     node_monitor_grace_period: str
     image_entrypoints: dict[str, Any]
@@ -154,6 +154,8 @@ class Cluster:
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
     honour_security_context: bool = True
     _watchdog: subprocess.Popen[bytes] | None = None
+    _forwarder: subprocess.Popen[bytes] | None = None
+    _netns_fd: int = -1
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -188,18 +190,17 @@ class Cluster:
         base.mkdir(parents=True, exist_ok=True)
         cdir = base / f"{name}-{time.strftime('%H%M%S')}-{secrets.token_hex(2)}"
         cdir.mkdir(parents=True)
-        bridge, x = network.allocate_bridge()
-        api_host = f"10.{x}.0.1"
+        api_host = network.gateway()
         entry = dict(DEFAULT_IMAGE_ENTRYPOINTS)
         if os.environ.get("RTJ_IMAGE_ENTRYPOINTS"):
             entry.update(json.loads(os.environ["RTJ_IMAGE_ENTRYPOINTS"]))
         entry.update(image_entrypoints or {})
         pki = PKI(cdir / "pki")
-        port = free_port(api_host)
         cluster = cls(
             name=name, dir=cdir, bin_dir=bin_dir, kubeconfig=cdir / "admin.kubeconfig",
-            api_url=f"https://{api_host}:{port}", api_host=api_host, api_port=port, subnet=x,
-            bridge=bridge, pki=pki, node_monitor_grace_period=node_monitor_grace_period,
+            api_url="", api_host=api_host, api_port=API_PORT, subnet=network.SUBNET,
+            bridge=network.BRIDGE, netns=network.cluster_netns_name(cdir.name), pki=pki,
+            node_monitor_grace_period=node_monitor_grace_period,
             image_entrypoints=entry,
             python_bin_dir=Path(python_bin_dir or Path(sys.executable).parent),
             honour_security_context=honour_security_context,
@@ -208,6 +209,12 @@ class Cluster:
         if not detach:
             cluster._start_watchdog()
         try:
+            with network.locked():  # until the forwarder runs in it, the namespace would look stale
+                network.cleanup_stale()
+                network.create_cluster_netns(cluster.netns)
+                cluster._netns_fd = network.open_netns(cluster.netns)
+                cluster._start_forwarder()
+            cluster._save()
             cluster._start_control_plane(node_monitor_period, extra_apiserver_args,
                                          extra_controller_manager_args, timeout)
         except BaseException:
@@ -219,8 +226,9 @@ class Cluster:
         """What a shell user needs to reach this cluster (also written to cluster.json)."""
         return {"name": self.name, "dir": str(self.dir), "kubeconfig": str(self.kubeconfig),
                 "api_url": self.api_url, "bin_dir": str(self.bin_dir), "bridge": self.bridge,
-                "subnet": f"10.{self.subnet}.0.0/16", "netns_prefix": self.netns_prefix,
-                "pids": {n: c.proc.pid for n, c in self.components.items()},
+                "subnet": f"10.{self.subnet}.0.0/16", "netns": self.netns,
+                "pids": {**{n: c.proc.pid for n, c in self.components.items()},
+                         **({"api-forward": self._forwarder.pid} if self._forwarder else {})},
                 "nodes": {n: (h.proc.pid if h.proc else None) for n, h in self.nodes.items()}}
 
     def _spawn(self, name: str, args: list[str]) -> Component:
@@ -228,11 +236,31 @@ class Cluster:
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
             proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                    preexec_fn=_raise_priority,  # noqa: PLW1509 (one syscall, no locks)
+                                    preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (see _in_cluster)
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
-        comp = Component(name, proc, log)
+        comp = Component(name, proc, log, args)
         self.components[name] = comp
         return comp
+
+    def _start_forwarder(self) -> None:
+        """Host 127.0.0.1:<free port> -> the apiserver inside the namespace (see forward.py)."""
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        self.api_url = f"https://127.0.0.1:{port}"
+        log = self.dir / "logs" / "api-forward.log"
+        log.parent.mkdir(exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        with listener, log.open("ab") as out:
+            self._forwarder = subprocess.Popen(
+                [sys.executable, "-m", "e2e.localcluster.forward", f"--listen-fd={listener.fileno()}",
+                 f"--target={self.api_host}:{self.api_port}", f"--cluster-dir={self.dir}"],
+                pass_fds=(listener.fileno(),), preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                cwd=REPO_ROOT, env=env)
+
+    def in_netns(self, fn: Callable[[], T], timeout: float = 60) -> T:
+        """Run `fn` on a thread inside the cluster's network namespace (to reach node or pod addresses)."""
+        return network.call_in_netns(self.netns, fn, timeout)
 
     def _start_watchdog(self) -> None:
         # Tie the cluster's lifetime to the harness process unless detached (`up` from the CLI):
@@ -246,10 +274,15 @@ class Cluster:
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=(self.dir / "watchdog.log").open("ab"),
             start_new_session=True, cwd=REPO_ROOT, env=env)
 
-    def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path) -> None:
+    @property
+    def internal_api_url(self) -> str:
+        """The apiserver as the control plane, the nodes and the pods reach it (inside the namespace)."""
+        return f"https://{self.api_host}:{self.api_port}"
+
+    def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path, *, internal: bool = True) -> None:
         cfg = {
             "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": self.name, "cluster": {"server": self.api_url,
+            "clusters": [{"name": self.name, "cluster": {"server": self.internal_api_url if internal else self.api_url,
                                                          "certificate-authority": str(self.pki.ca_crt)}}],
             "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": user}}],
@@ -260,8 +293,7 @@ class Cluster:
     def _start_control_plane(self, node_monitor_period: str, extra_api: tuple[str, ...],
                              extra_kcm: tuple[str, ...], timeout: float) -> None:
         pki, d = self.pki, self.dir
-        etcd_port, etcd_peer = free_port(), free_port()
-        kcm_port, sched_port = free_port(), free_port()
+        etcd_port, etcd_peer, kcm_port, sched_port = ETCD_PORT, ETCD_PEER_PORT, KCM_PORT, SCHEDULER_PORT
         self._spawn("etcd", [
             "--name=default", f"--data-dir={d / 'etcd'}",
             f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
@@ -283,11 +315,12 @@ class Cluster:
         admin_crt, admin_key = pki.issue("admin", "kubernetes-admin", ("system:masters",))
         kcm_crt, kcm_key = pki.issue("controller-manager", "system:kube-controller-manager")
         sch_crt, sch_key = pki.issue("scheduler", "system:kube-scheduler")
-        self._write_kubeconfig(self.kubeconfig, "admin", admin_crt, admin_key)
+        self._write_kubeconfig(self.kubeconfig, "admin", admin_crt, admin_key, internal=False)
         kcm_kc, sch_kc = d / "controller-manager.kubeconfig", d / "scheduler.kubeconfig"
         self._write_kubeconfig(kcm_kc, "system:kube-controller-manager", kcm_crt, kcm_key)
         self._write_kubeconfig(sch_kc, "system:kube-scheduler", sch_crt, sch_key)
-        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=2).status == 200,
+        etcd_health = f"http://127.0.0.1:{etcd_port}/health"
+        wait_for(lambda: self.in_netns(lambda: urllib.request.urlopen(etcd_health, timeout=2).status == 200),
                  timeout, "etcd /health")
         self._spawn("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
@@ -313,11 +346,13 @@ class Cluster:
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
 
-        def ok(url: str, context: ssl.SSLContext) -> bool:
+        def ok(url: str, context: ssl.SSLContext, inside: bool = True) -> bool:
             self._check_alive()
-            return urllib.request.urlopen(url, timeout=2, context=context).status == 200
+            get = lambda: urllib.request.urlopen(url, timeout=2, context=context).status == 200  # noqa: E731
+            return self.in_netns(get) if inside else get()
 
-        wait_for(lambda: ok(f"{self.api_url}/readyz", ctx), timeout, "kube-apiserver /readyz")
+        # Through the forwarder, as every host-side client will come in.
+        wait_for(lambda: ok(f"{self.api_url}/readyz", ctx, inside=False), timeout, "kube-apiserver /readyz")
         dns_crt, dns_key = pki.issue("dns", "system:rtj-dns")
         self._write_kubeconfig(d / "dns.kubeconfig", "system:rtj-dns", dns_crt, dns_key)
         self.kubectl("apply", "-f", "-", input=json.dumps(DNS_RBAC))
@@ -358,7 +393,7 @@ class Cluster:
         requests, so a long `grace` turns a short outage into a long one.
         """
         comp = self.components[name]
-        args = [str(a) for a in comp.proc.args][1:]  # type: ignore[union-attr]
+        args = comp.args
         comp.proc.terminate()
         try:
             comp.proc.wait(timeout=grace)
@@ -376,6 +411,8 @@ class Cluster:
         (self.dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
 
     def _check_alive(self) -> None:
+        if self._forwarder is not None and self._forwarder.poll() is not None:
+            raise RuntimeError(f"the API forwarder exited; see {self.dir / 'logs' / 'api-forward.log'}")
         for comp in self.components.values():
             if comp.proc.poll() is not None:
                 tail = comp.log.read_text(errors="replace")[-3000:]
@@ -401,8 +438,13 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     comp.proc.kill()
                     comp.proc.wait(timeout=10)
-        network.delete_netns_with_prefix(self.netns_prefix)
-        network.delete_bridge(self.bridge)
+        if self._forwarder is not None and self._forwarder.poll() is None:
+            self._forwarder.kill()
+            self._forwarder.wait(timeout=10)
+        network.delete_cluster_netns(self.netns)
+        if self._netns_fd >= 0:
+            os.close(self._netns_fd)
+            self._netns_fd = -1
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -411,11 +453,6 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    @property
-    def netns_prefix(self) -> str:
-        """Every pod namespace of this cluster starts with this."""
-        return f"rtj{self.subnet}-"
 
     @property
     def log_dir(self) -> Path:
@@ -435,7 +472,7 @@ class Cluster:
             raise ValueError("at most 250 nodes per cluster")
         ndir = self.dir / "nodes" / name
         ndir.mkdir(parents=True)
-        address = network.add_node_address(self.bridge, self.subnet, index)
+        address = network.add_node_address(self.netns, index, self.subnet)
         crt, key = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
         kc = ndir / "kubeconfig"
         self._write_kubeconfig(kc, f"system:node:{name}", crt, key)
@@ -444,7 +481,7 @@ class Cluster:
                                                   server=True, client=False, dns=(name,), ips=(address,))
         config = {
             "node": name, "index": index, "address": address, "subnet": self.subnet,
-            "bridge": self.bridge, "gateway": self.api_host, "netns_prefix": self.netns_prefix,
+            "bridge": self.bridge, "gateway": self.api_host, "cluster_netns": self.netns,
             "kubeconfig": str(kc), "dns_kubeconfig": str(self.dir / "dns.kubeconfig"),
             "api_host": self.api_host, "api_port": self.api_port,
             "ca_crt": str(self.pki.ca_crt), "dir": str(ndir),
@@ -475,7 +512,7 @@ class Cluster:
         with log.open("ab") as out:
             node.proc = subprocess.Popen(
                 [sys.executable, "-m", "e2e.localcluster.node_agent", str(node.config)],
-                preexec_fn=_raise_priority,  # noqa: PLW1509 (one syscall, no locks)
+                preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (see _in_cluster)
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 cwd=REPO_ROOT, env=env)
         node.killed = False
@@ -497,16 +534,6 @@ class Cluster:
         self._save()
         if wait:
             self.wait_node_ready(name, timeout=timeout)
-
-    def node_name(self, name: str) -> str:
-        """The Node's name for a requested name (identity here; the kind backend maps names)."""
-        return name
-
-    def node_ready(self, name: str) -> bool:
-        """True when the Node's Ready condition is True."""
-        out = self.kubectl("get", "node", name, "-o",
-                           "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
-        return out.returncode == 0 and out.stdout.strip() == "True"
 
     def wait_node_ready(self, name: str, timeout: float = 60) -> None:
         """Block until the node is Ready, failing early if its agent dies."""
@@ -534,26 +561,6 @@ class Cluster:
     def host_path(self, path: str) -> Path:
         """Where a pod-visible hostPath `path` lives on this machine."""
         return self.hostpath_root / path.lstrip("/")
-
-    def create_shared_pvc(self, name: str, namespace: str = "default", size: str = "10Gi") -> Path:
-        """A ReadWriteMany PVC bound to a hostPath PV shared by all nodes; returns its host directory."""
-        pv_name = f"{namespace}-{name}"
-        pv_path = f"/rtj-shared/{namespace}/{name}"
-        host = self.host_path(pv_path)
-        host.mkdir(parents=True, exist_ok=True)
-        manifest = {"apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteMany"],
-                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                      "hostPath": {"path": pv_path, "type": "DirectoryOrCreate"},
-                      "claimRef": {"namespace": namespace, "name": name}}},
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-             "metadata": {"name": name, "namespace": namespace},
-             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
-                      "resources": {"requests": {"storage": size}}}},
-        ]}
-        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-        return host
 
     # ---------------------------------------------------------------- clients
     def version(self) -> str:
@@ -584,37 +591,6 @@ class Cluster:
             raise RuntimeError(f"helm {' '.join(args)} failed ({res.returncode}): {res.stderr}")
         return res
 
-    def wait_for_default_sa(self, namespace: str, timeout: float = 30) -> None:
-        """Pods are rejected until the namespace's default ServiceAccount exists."""
-        wait_for(lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace,
-                                      check=False).returncode == 0, timeout, f"default SA in {namespace}")
-
-    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = None) -> str:
-        """kubectl apply a manifest (dict, list of dicts, or YAML/JSON text)."""
-        if not isinstance(manifest, str):
-            items = manifest if isinstance(manifest, list) else [manifest]
-            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        ns = ["-n", namespace] if namespace else []
-        return self.kubectl("apply", *ns, "-f", "-", input=manifest).stdout
-
-    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        """The object as a dict, or None when it does not exist."""
-        ns = ["-n", namespace] if namespace else []
-        res = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
-        if res.returncode != 0:
-            if "NotFound" in res.stderr:
-                return None
-            raise RuntimeError(res.stderr)
-        return json.loads(res.stdout)
-
-    def api_client(self) -> Any:
-        """A `kubernetes.client.ApiClient` authenticated as cluster admin."""
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
-        return client.ApiClient(cfg)
-
     def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         """A pod container's stdout+stderr, read from the node's disk (works on killed nodes too;
         `kubectl logs` works as well while the node is up)."""
@@ -635,5 +611,7 @@ def down(cluster_dir: Path | str) -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if str(info["dir"]).encode() in cmdline:  # never signal a recycled pid
                 kill_process_tree(pid)
-    network.delete_netns_with_prefix(info["netns_prefix"])
-    network.delete_bridge(info["bridge"])
+    if info.get("netns"):
+        network.delete_cluster_netns(info["netns"])
+    with network.locked():
+        network.cleanup_stale()

@@ -1,23 +1,40 @@
-"""Per-cluster pod network: a Linux bridge on the host, one network namespace per pod.
+"""Per-cluster network: everything inside one network namespace the harness creates, nothing on the host's.
 
-Each cluster takes a /16 `10.<X>.0.0/16` (X in 100..199) that no interface on the host uses
-yet; the bridge holds `10.<X>.0.1` (the apiserver listens there, so pods reach it as they
-would reach a real control plane), node i owns `10.<X>.<i>.0/24`, its InternalIP is
-`10.<X>.<i>.1` (an extra address on the bridge) and its pods get `.2`..`.254`. All traffic
-stays on interfaces the harness created.
+Each cluster gets a namespace `rtj-<cluster id>` with its own loopback and a bridge holding
+`10.100.0.1/16`. The control plane and the node agents run inside it (etcd on its loopback, the
+apiserver on the bridge address, so pods reach it as they would a real control plane); node i's
+InternalIP `10.100.<i>.1` is an extra address on that bridge, and each pod gets its own namespace
+`rtj-<cluster id>_<i>-<uid>` with a veth whose peer sits on the bridge and an address from
+`10.100.<i>.0/24`. Since every cluster has its own namespace they all use the same addresses without
+colliding with each other or with anything on the host (a VPN's routes included); the host gains no
+interface, address or route. The tests reach the apiserver through forward.py (a listener on host
+loopback whose connections are made inside the namespace).
+
+A cluster whose processes all died (a SIGKILLed test and its watchdog) leaves only namespace names
+under /run/netns; `cleanup_stale()` (run by every start and by `down`) removes those.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
-import ipaddress
+import os
 import re
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 LOCK = Path("/tmp/rtj-localcluster-net.lock")
+RUN_NETNS = Path("/run/netns")
+PREFIX = "rtj-"
+SUBNET = 100  # 10.100.0.0/16 in every cluster: each has a namespace of its own
+BRIDGE = "rtj0"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -26,7 +43,8 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def _locked() -> Iterator[None]:
+def locked() -> Iterator[None]:
+    """Serialize creating a cluster namespace (until its first process runs) against stale cleanup."""
     with LOCK.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -35,70 +53,154 @@ def _locked() -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _listening_subnets() -> set[int]:
-    """Every X with a socket still bound on 10.X.*: a node agent of a cluster whose bridge is gone (killed
-    mid-run, its teardown cut short) keeps its kubelet port, and a new cluster on that X could not bind."""
-    out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=30, check=False).stdout
-    return {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.\d+\.\d+:\d+", out)}
+# ------------------------------------------------------------------ names
+def cluster_netns_name(cluster_id: str) -> str:
+    """`rtj-<cluster id>`, the id reduced to characters that never contain the pod separator `_`."""
+    return PREFIX + re.sub(r"[^a-zA-Z0-9-]", "-", cluster_id)
 
 
-def allocate_bridge() -> tuple[str, int]:
-    """Create a bridge on a free 10.X/16 and return (bridge name, X)."""
-    with _locked():
-        used = {int(m.group(1)) for m in re.finditer(r"inet 10\.(\d+)\.", ip("-o", "-4", "addr").stdout)}
-        used |= _listening_subnets()
-        links = ip("-o", "link").stdout
-        for x in range(100, 200):
-            name = f"rtjbr{x}"
-            if x in used or f" {name}:" in links:
+def pod_netns_prefix(cluster_netns: str, index: int) -> str:
+    """Every pod namespace of node `index` starts with this (and with the cluster's name + `_`)."""
+    return f"{cluster_netns}_{index}-"
+
+
+def gateway(subnet: int = SUBNET) -> str:
+    """The bridge's address: the pods' default route and the apiserver's address."""
+    return f"10.{subnet}.0.1"
+
+
+def list_netns() -> list[str]:
+    """Names under /run/netns."""
+    return [line.split()[0] for line in ip("netns", "list", check=False).stdout.splitlines() if line.split()]
+
+
+# ------------------------------------------------------------------ the cluster's namespace
+def create_cluster_netns(name: str, subnet: int = SUBNET) -> None:
+    """The namespace with lo up and the bridge on `10.<subnet>.0.1/16` (call under `locked()`)."""
+    ip("netns", "add", name)
+    try:
+        ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", name, "link", "add", BRIDGE, "type", "bridge")
+        ip("-n", name, "addr", "add", f"{gateway(subnet)}/16", "dev", BRIDGE)
+        ip("-n", name, "link", "set", BRIDGE, "up")
+    except BaseException:
+        ip("netns", "del", name, check=False)
+        raise
+
+
+def delete_cluster_netns(name: str) -> None:
+    """Remove the cluster's pod namespaces, then its own (its bridge and veths go with it)."""
+    for ns in list_netns():
+        if ns.startswith(name + "_"):
+            ip("netns", "del", ns, check=False)
+    ip("netns", "del", name, check=False)
+
+
+def netns_pids(name: str) -> list[int]:
+    """Processes whose network namespace is `name`."""
+    try:
+        ino = os.stat(RUN_NETNS / name).st_ino
+    except OSError:
+        return []
+    want = f"net:[{ino}]"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/net") == want:
+                    pids.append(int(entry))
+            except OSError:
                 continue
-            ip("link", "add", name, "type", "bridge")
-            ip("addr", "add", f"10.{x}.0.1/16", "dev", name)
-            ip("link", "set", name, "up")
-            return name, x
-    raise RuntimeError("no free 10.X.0.0/16 for a cluster bridge")
+    return pids
 
 
-def delete_bridge(name: str) -> None:
-    """Remove the bridge (and with it every address on it)."""
-    ip("link", "del", name, check=False)
+def cleanup_stale() -> list[str]:
+    """Delete cluster namespaces no process lives in, and pod namespaces whose cluster's is gone.
+
+    Call under `locked()`: a cluster being created holds the lock until its first process runs.
+    """
+    names = list_netns()
+    removed = []
+    for ns in names:
+        if not ns.startswith(PREFIX):
+            continue
+        cluster, sep, _ = ns.partition("_")
+        if sep and cluster not in names:
+            ip("netns", "del", ns, check=False)
+            removed.append(ns)
+        elif not sep and not netns_pids(ns):
+            delete_cluster_netns(ns)
+            removed.append(ns)
+    return removed
 
 
-def add_node_address(bridge: str, x: int, index: int) -> str:
-    """Give node `index` its InternalIP on the bridge; returns the address."""
-    addr = f"10.{x}.{index}.1"
-    ip("addr", "add", f"{addr}/32", "dev", bridge, check=False)
+def add_node_address(netns: str, index: int, subnet: int = SUBNET) -> str:
+    """Give node `index` its InternalIP on the cluster bridge; returns the address."""
+    addr = f"10.{subnet}.{index}.1"
+    ip("-n", netns, "addr", "add", f"{addr}/32", "dev", BRIDGE, check=False)
     return addr
 
 
-def setup_pod_netns(netns: str, veth: str, bridge: str, pod_ip: str, gateway: str) -> None:
-    """Create a pod's namespace with eth0 (a veth whose peer sits on the bridge) and lo."""
+# ------------------------------------------------------------------ entering it
+def enter(fd: int) -> None:
+    """Move the calling thread (or a child before exec) into the namespace open at `fd`."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def open_netns(name: str) -> int:
+    """A descriptor for `enter`."""
+    return os.open(RUN_NETNS / name, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def call_in_netns(name: str, fn: Callable[[], T], timeout: float = 60) -> T:
+    """Run `fn` on a short-lived thread inside the namespace (sockets it opens live there)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        fd = open_netns(name)
+        try:
+            enter(fd)  # this thread only; it ends with its namespace
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=run, daemon=True, name=f"in {name}")
+    t.start()
+    t.join(timeout)
+    if error:
+        raise error[0]
+    if not result:
+        raise TimeoutError(f"call in {name} took over {timeout}s")
+    return result[0]
+
+
+# ------------------------------------------------------------------ pods
+def setup_pod_netns(cluster_netns: str, netns: str, veth: str, bridge: str, pod_ip: str, gw: str) -> None:
+    """Create a pod's namespace with eth0 (a veth whose peer sits on the cluster bridge) and lo."""
     ip("netns", "del", netns, check=False)
-    ip("link", "del", veth, check=False)
+    ip("-n", cluster_netns, "link", "del", veth, check=False)
     ip("netns", "add", netns)
-    ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-    ip("link", "set", veth, "master", bridge, "up")
+    ip("-n", cluster_netns, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+    ip("-n", cluster_netns, "link", "set", veth, "master", bridge, "up")
     ip("-n", netns, "addr", "add", f"{pod_ip}/16", "dev", "eth0")
     ip("-n", netns, "link", "set", "eth0", "up")
     ip("-n", netns, "link", "set", "lo", "up")
-    ip("-n", netns, "route", "add", "default", "via", gateway)
+    ip("-n", netns, "route", "add", "default", "via", gw)
 
 
-def teardown_pod_netns(netns: str, veth: str) -> None:
+def teardown_pod_netns(cluster_netns: str, netns: str, veth: str) -> None:
     """Delete a pod's namespace; its veth pair goes with it."""
     ip("netns", "del", netns, check=False)
-    ip("link", "del", veth, check=False)
+    ip("-n", cluster_netns, "link", "del", veth, check=False)
 
 
 def delete_netns_with_prefix(prefix: str) -> None:
-    """Remove every namespace a cluster created (teardown after agents are gone)."""
-    for line in ip("netns", "list", check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if name.startswith(prefix):
-            ip("netns", "del", name, check=False)
-
-
-def node_ip_range(x: int, index: int) -> list[str]:
-    """Pod addresses a node may hand out."""
-    net = ipaddress.ip_network(f"10.{x}.{index}.0/24")
-    return [str(h) for h in net.hosts()][1:]
+    """Remove every namespace whose name starts with `prefix` (a node's pods after a reboot)."""
+    for ns in list_netns():
+        if ns.startswith(prefix):
+            ip("netns", "del", ns, check=False)

@@ -44,7 +44,7 @@ from e2e.support import (
     wait_operator_ready,
     wait_phase,
 )  # fmt: skip
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import environment
 from resilient_operator import constants as c
 
@@ -82,7 +82,7 @@ def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
     for pod in pods:
         env = injected_env(pod)
         assert env[environment.NNODES] == str(replicas) and env[environment.ATTEMPT] == str(attempt)
-        assert env[environment.RESUME_FROM] == f"{MOUNT}/{ns}-{name}/step-{step:010d}"
+        assert env[environment.RESUME_FROM] == f"{MOUNT}/{ns}/{name}/step-{step:010d}"
     status = job_status(cl, ns, name)
     assert_consistent_status(status)
     assert status["restarts"]["infrastructure"] == attempt - 1 and status["resumedFrom"]["step"] == step
@@ -93,7 +93,7 @@ def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
 @pytest.mark.timeout(600)
 def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace: str) -> None:
     name = "stages"
-    make_checkpoint(cluster.host_path(f"{HOST_DIR}/{namespace}-{name}"), step=7)
+    make_checkpoint(cluster.host_path(f"{HOST_DIR}/{namespace}/{name}"), step=7)
     apply(cluster, job_manifest(name, namespace, replicas=3, script=slow_stop_script()))
     running_attempt(cluster, namespace, name, 1, 3)
 

@@ -76,3 +76,40 @@ def test_host_path_only_for_shared_paths(tmp_path: Path) -> None:
     assert cl.host_path("/rtj-checkpoints/job") == cl.dir / "hostpath" / "rtj-checkpoints" / "job"
     with pytest.raises(ValueError):
         cl.host_path("/elsewhere")
+
+
+def _members(proto: type) -> set[str]:
+    return {n for n in vars(proto) if not n.startswith("_")} | set(proto.__annotations__)
+
+
+def test_both_backends_offer_the_whole_interface() -> None:
+    from e2e.cluster import ClusterLike
+    from e2e.localcluster import Cluster
+
+    for backend in (Cluster, KindCluster):
+        fields = set(getattr(backend, "__dataclass_fields__", {}))
+        missing = {m for m in _members(ClusterLike) if not hasattr(backend, m) and m not in fields}
+        assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
+
+
+def test_kind_shares_the_kubectl_built_methods(tmp_path: Path) -> None:
+    rec = Recorder()
+    cl = KindCluster.start("t", base_dir=tmp_path, runner=rec, workers=1, build_images=False)
+    cl.add_node("node-1")
+    rec.calls.clear()
+    host = cl.create_shared_pvc("ckpt", "ns1")
+    assert host == cl.dir / "hostpath" / "rtj-shared" / "ns1" / "ckpt" and host.is_dir()
+    assert rec.calls[-1][2:] == ["apply", "-f", "-"]
+    cl.node_ready("node-1")
+    assert rec.calls[-1][2:5] == ["get", "node", f"{cl.name}-worker"]  # the requested name is mapped
+
+
+def test_the_local_backend_never_imports_the_kind_one() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, pkgutil, importlib, e2e.localcluster as lc\n"
+            "for m in pkgutil.iter_modules(lc.__path__):\n"
+            "    importlib.import_module(f'e2e.localcluster.{m.name}')\n"
+            "assert 'e2e.kindcluster' not in sys.modules, 'e2e.localcluster imported e2e.kindcluster'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).resolve().parents[2])

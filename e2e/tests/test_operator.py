@@ -30,7 +30,7 @@ from e2e.support import (
     running_attempt,
     worker_script,
 )  # fmt: skip
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import environment
 from resilient_operator import constants as c
 
@@ -98,11 +98,11 @@ def test_application_failure_backs_off_then_fails(cluster: Cluster, namespace: s
 
 @pytest.mark.timeout(300)
 def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cluster, namespace: str) -> None:
-    root = cluster.host_path(f"{HOST_DIR}/{namespace}-shrink")
+    root = cluster.host_path(f"{HOST_DIR}/{namespace}/shrink")
     make_checkpoint(root, step=12)
     apply(cluster, job_manifest("shrink", namespace, replicas=4))
     pods = running_attempt(cluster, namespace, "shrink", 1, 4)
-    assert injected_env(pods[0])[environment.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000012"
+    assert injected_env(pods[0])[environment.RESUME_FROM] == f"{MOUNT}/{namespace}/shrink/step-0000000012"
     make_checkpoint(root, step=24)  # written "during" attempt 1
     (root / "step-0000000036").mkdir()  # a newer save that never finished: must not be used
     dead = node_of(pods, "2")
@@ -123,7 +123,7 @@ def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cl
     assert all(p.spec.node_name != dead for p in new)
     env = injected_env(new[0])
     assert env[environment.NNODES] == "3"
-    assert env[environment.RESUME_FROM] == f"{MOUNT}/{namespace}-shrink/step-0000000024"
+    assert env[environment.RESUME_FROM] == f"{MOUNT}/{namespace}/shrink/step-0000000024"
     status = get_job(cluster, namespace, "shrink")["status"]
     assert status["resumedFrom"]["step"] == 24 and status["workers"] == "3/4"
     wait_for(lambda: any("restarted 4 -> 3 workers from step-0000000024" in e

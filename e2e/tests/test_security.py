@@ -5,7 +5,8 @@
 - an unreadable checkpoint root is a condition, not a crash; a crash-looping trainer stops at its budget
   with back-off; an image or command that cannot start fails the job with the reason;
 - worker pods get no API token unless the template asks; pods pass Pod Security "restricted";
-- every rule of the operator's ClusterRole is needed: without it something observable breaks.
+- every rule of the operator's ClusterRole is needed: without it something observable breaks;
+- a namespaced install (watchNamespaces) runs jobs with Roles and no cluster-wide rights but nodes and Leases.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 import pickle
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,11 @@ import pytest
 
 from e2e.localcluster.cluster import Cluster, wait_for
 from e2e.support import (
+    CHART,
     HOST_DIR,
     MOUNT,
     OPERATOR_NS,
+    RELEASE,
     apply,
     core,
     crash_operator,
@@ -37,13 +42,14 @@ from e2e.support import (
     metric_samples,
     operator_log,
     operator_metrics,
+    operator_pod,
     operator_restarts,
     running_attempt,
     tiny_job,
     wait_operator_ready,
     wait_phase,
 )  # fmt: skip
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import layout
 from resilient_operator import constants as c
 from tests.contracts.test_crd import INVALID
@@ -102,7 +108,7 @@ class _RunsCode:
 
 @pytest.mark.timeout(240)
 def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
-    root = cluster.host_path(f"{HOST_DIR}/{namespace}-evil")
+    root = cluster.host_path(f"{HOST_DIR}/{namespace}/evil")
     make_checkpoint(root, step=12)
     evil = make_checkpoint(root, step=24)
     marker = Path(f"/dev/shm/rtj-pwned-{namespace}")  # visible to every pod process and to this test
@@ -116,7 +122,7 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace:
     apply(cluster, job_manifest("evil", namespace, replicas=2))
     pods = running_attempt(cluster, namespace, "evil", 1, 2)
     resume = {e.name: e.value for e in pods[0].spec.containers[0].env}.get("RTJ_RESUME_FROM")
-    assert resume == f"{MOUNT}/{namespace}-evil/step-0000000012"
+    assert resume == f"{MOUNT}/{namespace}/evil/step-0000000012"
     status = job_status(cluster, namespace, "evil")
     assert status["latestCheckpoint"]["step"] == 12 and status["resumedFrom"]["step"] == 12
     story = wait_for(lambda: [e for e in events(cluster, namespace, "evil")
@@ -129,7 +135,8 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace:
 # ---- unreadable checkpoint root ------------------------------------------------------------------------
 @pytest.mark.timeout(240)
 def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster, namespace: str) -> None:
-    host = cluster.host_path(f"{HOST_DIR}/{namespace}-unread")
+    host = cluster.host_path(f"{HOST_DIR}/{namespace}/unread")
+    host.parent.mkdir(parents=True, exist_ok=True)
     host.write_text("a file where the checkpoint directory should be\n")
     restarts = operator_restarts(cluster)
     apply(cluster, job_manifest("unread", namespace, replicas=2))
@@ -381,3 +388,80 @@ def test_service_exists_after_a_failure_between_status_write_and_creates(cluster
         _set_rules(cluster, rules)
     wait_phase(cluster, namespace, "nosvc", c.RUNNING, timeout=60)
     wait_for(lambda: core(cluster).read_namespaced_service("nosvc", namespace), 30, "the rendezvous Service")
+
+
+# ---- least privilege, namespaced install: Roles in the watched namespaces, nothing cluster-wide but nodes --
+@contextmanager
+def release_with(cl: Cluster, *sets: str) -> Iterator[None]:
+    """The session's release upgraded with these `--set`s (on top of its install values), rolled back to
+    the exact previous revision afterwards (a `--set x=null` under --reuse-values does not restore a default)."""
+    revision = json.loads(cl.helm("status", RELEASE, "--namespace", OPERATOR_NS, "-o", "json").stdout)["version"]
+    cl.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--reuse-values",
+            *[arg for s in sets for arg in ("--set", s)], "--wait", "--timeout", "120s")  # fmt: skip
+    try:
+        yield
+    finally:
+        cl.helm("rollback", RELEASE, str(revision), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s")
+
+
+def _operator_watches(cl: Cluster, namespaces: str) -> bool:
+    pod = operator_pod(cl)
+    return pod is not None and pod.status.phase == "Running" and any(
+        e.name == "RTJ_NAMESPACES" and (e.value or "") == namespaces for e in pod.spec.containers[0].env)
+
+
+@pytest.fixture
+def namespaced_install(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """The session's release upgraded to watch only this test's namespace (a new operator pod: Recreate);
+    back to every namespace afterwards."""
+    with release_with(cluster, f"watchNamespaces={{{namespace}}}"):
+        wait_for(lambda: _operator_watches(cluster, namespace), 120, "the namespaced operator running")
+        wait_operator_ready(cluster)
+        yield
+    wait_for(lambda: _operator_watches(cluster, ""), 120, "the cluster-wide operator back")
+    wait_operator_ready(cluster)
+
+
+def _can(cl: Cluster, verb: str, resource: str, *where: str) -> bool:
+    sa = f"system:serviceaccount:{OPERATOR_NS}:{_role_name(cl)}"  # the chart names both after the release
+    return cl.kubectl("auth", "can-i", verb, resource, *where, "--as", sa, check=False).stdout.strip() == "yes"
+
+
+@pytest.mark.timeout(600)
+def test_namespaced_install_runs_jobs_with_roles_and_nothing_more(cluster: Cluster, namespace: str,
+                                                                   namespaced_install: None) -> None:  # fmt: skip
+    """watchNamespaces=[ns]: the ClusterRole keeps nodes and Leases (read-only); jobs in ns run under the
+    Role; the operator may not touch pods elsewhere; the kube-node-lease Role is needed (without it kopf's
+    job and pod watches there are refused)."""
+    assert sorted(_rule_id(r) for r in _rules(cluster)) == ["coordination.k8s.io/leases", "core/nodes"]
+    assert _can(cluster, "create", "pods", "-n", namespace) and _can(cluster, "list", "nodes")
+    assert not _can(cluster, "create", "pods", "-n", "default")
+    assert not _can(cluster, "list", "pods", "--all-namespaces")
+    assert not _can(cluster, "patch", "resilienttrainingjobs.training.resilient.dev/status", "-n", "default")
+    apply(cluster, tiny_job("scoped", namespace))
+    wait_for(lambda: _healthy(cluster, namespace, "scoped"), 60, "the job running under the Role")
+
+    # the one rule only the namespaced install has: list/watch of jobs and pods in kube-node-lease
+    lease_ns = "kube-node-lease"
+    binding = cluster.kubectl("get", "rolebinding", "-n", lease_ns, "-l", f"app.kubernetes.io/instance={RELEASE}",
+                              "-o", "name").stdout.split()  # fmt: skip
+    assert len(binding) == 1, binding
+    cluster.kubectl("delete", "-n", lease_ns, binding[0])
+    crash_operator(cluster)
+    wait_operator_ready(cluster)
+    log_from = len(operator_log(cluster))
+    apply(cluster, tiny_job("nolease", namespace))
+    deadline = time.monotonic() + 25
+    outcome = ""
+    while time.monotonic() < deadline and not outcome:
+        text = operator_log(cluster)[log_from:]
+        refused = [ln for ln in text.splitlines() if lease_ns in ln and ('" 403 ' in ln or "orbidden" in ln)]
+        if refused:
+            outcome = "forbidden: " + refused[0][:200]
+        elif _healthy(cluster, namespace, "nolease"):
+            break
+        time.sleep(0.5)
+    if not outcome and not _healthy(cluster, namespace, "nolease"):
+        outcome = f"job not healthy in 25 s: phase {job_status(cluster, namespace, 'nolease').get('phase')}"
+    print(f"\nwithout the {lease_ns} Role: {outcome or 'NOTHING BROKE'}")
+    assert outcome, f"the {lease_ns} Role is not needed: remove it from templates/role.yaml"

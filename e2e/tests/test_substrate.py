@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def core(rtj_cluster: Any) -> client.CoreV1Api:
+def core(cluster: Any) -> client.CoreV1Api:
     """Admin CoreV1 client."""
-    return client.CoreV1Api(rtj_cluster.api_client())
+    return client.CoreV1Api(cluster.api_client())
 
 
 def wait_pod(core: client.CoreV1Api, ns: str, name: str, pred: Callable[[Any], bool], timeout: float) -> Any:
@@ -85,7 +85,7 @@ def phase_in(*phases: str) -> Callable[[Any], bool]:
 
 
 @pytest.mark.timeout(60)
-def test_crd_applies_and_cel_rule_rejects(rtj_cluster: Any, namespace: str) -> None:
+def test_crd_applies_and_cel_rule_rejects(cluster: Any, namespace: str) -> None:
     crd = {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": "widgets.substrate.test"},
@@ -98,23 +98,23 @@ def test_crd_applies_and_cel_rule_rejects(rtj_cluster: Any, namespace: str) -> N
                                                        "message": "min must be <= max"}],
                          "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}}}}}}}]},
     }
-    rtj_cluster.apply(crd)
-    rtj_cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.substrate.test", "--timeout=30s")
+    cluster.apply(crd)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.substrate.test", "--timeout=30s")
     good = {"apiVersion": "substrate.test/v1", "kind": "Widget", "metadata": {"name": "ok"},
             "spec": {"min": 1, "max": 2}}
-    wait_for(lambda: rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(good),
+    wait_for(lambda: cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(good),
                                          check=False).returncode == 0, 20, "first Widget accepted")
     bad = {**good, "metadata": {"name": "bad"}, "spec": {"min": 3, "max": 2}}
-    res = rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
+    res = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad), check=False)
     assert res.returncode != 0
     assert "min must be <= max" in res.stderr
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not (REPO / "crds" / "resilienttrainingjobs.yaml").exists(), reason="project CRD not present")
-def test_project_crd_rejects_min_above_max(rtj_cluster: Any, namespace: str) -> None:
-    rtj_cluster.kubectl("apply", "-f", str(REPO / "crds" / "resilienttrainingjobs.yaml"))
-    rtj_cluster.kubectl("wait", "--for=condition=Established",
+def test_project_crd_rejects_min_above_max(cluster: Any, namespace: str) -> None:
+    cluster.kubectl("apply", "-f", str(REPO / "crds" / "resilienttrainingjobs.yaml"))
+    cluster.kubectl("wait", "--for=condition=Established",
                         "crd/resilienttrainingjobs.training.resilient.dev", "--timeout=30s")
 
     def job(name: str, elastic: dict[str, int]) -> str:
@@ -124,17 +124,17 @@ def test_project_crd_rejects_min_above_max(rtj_cluster: Any, namespace: str) -> 
                                     "template": {"spec": {"containers": [{"name": "t"}]}},
                                     "checkpoint": {"root": "/ckpt"}}})
 
-    wait_for(lambda: rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-",
+    wait_for(lambda: cluster.kubectl("apply", "-n", namespace, "-f", "-",
                                          input=job("good", {"minReplicas": 1, "maxReplicas": 2}),
                                          check=False).returncode == 0, 20, "valid job accepted")
-    res = rtj_cluster.kubectl("apply", "-n", namespace, "-f", "-",
+    res = cluster.kubectl("apply", "-n", namespace, "-f", "-",
                               input=job("bad", {"minReplicas": 3, "maxReplicas": 2}), check=False)
     assert res.returncode != 0
     assert "minReplicas must be <= spec.elasticPolicy.maxReplicas" in res.stderr
 
 
 @pytest.mark.timeout(60)
-def test_pod_runs_and_succeeds(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+def test_pod_runs_and_succeeds(cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
     script = """
         import os, socket
         print("pod", os.environ["POD_NAME"], os.environ["POD_NAMESPACE"], os.environ["NODE"], os.environ["POD_IP"])
@@ -148,14 +148,14 @@ def test_pod_runs_and_succeeds(rtj_cluster: Any, core: client.CoreV1Api, namespa
                      ("NODE", "spec.nodeName"), ("POD_IP", "status.podIP"))]
     core.create_namespaced_pod(namespace, body)
     p = wait_pod(core, namespace, "ok", phase_in("Succeeded", "Failed"), 45)
-    log = rtj_cluster.pod_log(namespace, "ok")
+    log = cluster.pod_log(namespace, "ok")
     assert p.status.phase == "Succeeded", log
     assert p.status.container_statuses[0].state.terminated.exit_code == 0
-    if hasattr(rtj_cluster, "subnet"):  # local substrate: pod IPs come from the node's /24
-        assert p.status.pod_ip and p.status.pod_ip.startswith(f"10.{rtj_cluster.subnet}.")
+    if hasattr(cluster, "subnet"):  # local substrate: pod IPs come from the node's /24
+        assert p.status.pod_ip and p.status.pod_ip.startswith(f"10.{cluster.subnet}.")
     assert f"pod ok {namespace} {p.spec.node_name} {p.status.pod_ip}" in log
     # kubectl logs goes apiserver -> the node's kubelet API (the agent serves it on its InternalIP).
-    assert f"pod ok {namespace}" in rtj_cluster.kubectl("logs", "-n", namespace, "ok").stdout
+    assert f"pod ok {namespace}" in cluster.kubectl("logs", "-n", namespace, "ok").stdout
 
 
 @pytest.mark.timeout(60)
@@ -172,8 +172,8 @@ def test_pod_fails_with_exit_code_and_message(core: client.CoreV1Api, namespace:
 
 
 @pytest.mark.timeout(90)
-def test_deleting_a_pod_kills_its_process(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
-    marker = rtj_cluster.host_path(f"/rtj-shared/marks/{namespace}")
+def test_deleting_a_pod_kills_its_process(cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+    marker = cluster.host_path(f"/rtj-shared/marks/{namespace}")
     script = """
         import os, signal, time
         d = "/marks"
@@ -192,7 +192,7 @@ def test_deleting_a_pod_kills_its_process(rtj_cluster: Any, core: client.CoreV1A
     core.create_namespaced_pod(namespace, body)
     wait_pod(core, namespace, "victim", phase_in("Running"), 45)
     pid = int(wait_for(lambda: (marker / "pid").exists() and (marker / "pid").read_text(), 20, "pid file"))
-    local = hasattr(rtj_cluster, "subnet")  # same pid namespace as the test on the local substrate
+    local = hasattr(cluster, "subnet")  # same pid namespace as the test on the local substrate
     assert not local or Path(f"/proc/{pid}").exists()
     core.delete_namespaced_pod("victim", namespace)
     if local:
@@ -205,20 +205,20 @@ def test_deleting_a_pod_kills_its_process(rtj_cluster: Any, core: client.CoreV1A
 
 @pytest.mark.timeout(120)
 def test_killed_node_goes_not_ready_tainted_and_pods_stay_terminating(
-        rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+        cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
     requested = f"doomed-{namespace[-4:]}"
-    rtj_cluster.add_node(requested)
-    node = rtj_cluster.node_name(requested)
+    cluster.add_node(requested)
+    node = cluster.node_name(requested)
     body = pod("stuck", "import time\nwhile True: time.sleep(1)", node=node)
     # Evict at once when unreachable (the default toleration would wait 300 s).
     body["spec"]["tolerations"] = [{"key": "node.kubernetes.io/unreachable", "operator": "Exists",
                                     "effect": "NoExecute", "tolerationSeconds": 0}]
     core.create_namespaced_pod(namespace, body)
     wait_pod(core, namespace, "stuck", phase_in("Running"), 45)
-    grace = float(rtj_cluster.node_monitor_grace_period.rstrip("s"))
+    grace = float(cluster.node_monitor_grace_period.rstrip("s"))
 
     t0 = time.monotonic()
-    rtj_cluster.kill_node(requested)
+    cluster.kill_node(requested)
 
     def not_ready() -> bool:
         n = core.read_node(node)
@@ -243,7 +243,7 @@ def test_killed_node_goes_not_ready_tainted_and_pods_stay_terminating(
         assert core.read_namespaced_pod("stuck", namespace).metadata.deletion_timestamp is not None
         time.sleep(0.3)
 
-    rtj_cluster.restore_node(requested)  # the machine comes back: its agent finalizes the deletion
+    cluster.restore_node(requested)  # the machine comes back: its agent finalizes the deletion
     wait_for(lambda: not tainted(), 30, "taints removed")
 
     def gone() -> bool:
@@ -254,12 +254,12 @@ def test_killed_node_goes_not_ready_tainted_and_pods_stay_terminating(
         return False
 
     wait_for(gone, 30, "Terminating pod finalized after restore")
-    rtj_cluster.kill_node(requested)  # leave it dead: later tests must not schedule onto it
+    cluster.kill_node(requested)  # leave it dead: later tests must not schedule onto it
     core.delete_node(node)
 
 
 @pytest.mark.timeout(90)
-def test_deployment_pod_runs_and_becomes_available(rtj_cluster: Any, namespace: str) -> None:
+def test_deployment_pod_runs_and_becomes_available(cluster: Any, namespace: str) -> None:
     server = "import http.server as h; h.ThreadingHTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
     deploy = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
@@ -269,14 +269,14 @@ def test_deployment_pod_runs_and_becomes_available(rtj_cluster: Any, namespace: 
                      "ports": [{"containerPort": 8080, "name": "http"}],
                      "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}},
     }
-    rtj_cluster.apply(deploy, namespace)
-    rtj_cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s", timeout=70)
+    cluster.apply(deploy, namespace)
+    cluster.kubectl("rollout", "status", "deployment/web", "-n", namespace, "--timeout=60s", timeout=70)
 
 
 @pytest.mark.timeout(90)
-def test_serviceaccount_token_gets_exactly_its_rbac(rtj_cluster: Any, core: client.CoreV1Api,
+def test_serviceaccount_token_gets_exactly_its_rbac(cluster: Any, core: client.CoreV1Api,
                                                     namespace: str) -> None:
-    rtj_cluster.apply([
+    cluster.apply([
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "pod-reader"},
          "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
@@ -306,13 +306,13 @@ def test_serviceaccount_token_gets_exactly_its_rbac(rtj_cluster: Any, core: clie
     core.create_namespaced_pod(namespace, pod("rbac", script, serviceAccountName="reader",
                                               image="resilient-training-operator:e2e"))
     p = wait_pod(core, namespace, "rbac", phase_in("Succeeded", "Failed"), 60)
-    assert p.status.phase == "Succeeded", rtj_cluster.pod_log(namespace, "rbac")
+    assert p.status.phase == "Succeeded", cluster.pod_log(namespace, "rbac")
 
 
 @pytest.mark.timeout(90)
-def test_pods_on_different_nodes_reach_each_other_by_headless_dns(rtj_cluster: Any, core: client.CoreV1Api,
+def test_pods_on_different_nodes_reach_each_other_by_headless_dns(cluster: Any, core: client.CoreV1Api,
                                                                   namespace: str) -> None:
-    rtj_cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
+    cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers"},
                        "spec": {"clusterIP": "None", "selector": {"app": "peers"},
                                 "ports": [{"port": 29500}]}}, namespace)
     server = """
@@ -339,14 +339,14 @@ def test_pods_on_different_nodes_reach_each_other_by_headless_dns(rtj_cluster: A
             print(name, "->", socket.gethostbyname(name), data.decode())
             assert data == b"server"
     """
-    srv = pod("server", server, node=rtj_cluster.node_name("node-1"), hostname="server", subdomain="peers")
+    srv = pod("server", server, node=cluster.node_name("node-1"), hostname="server", subdomain="peers")
     srv["metadata"]["labels"] = {"app": "peers"}
-    cli = pod("client", client_script, node=rtj_cluster.node_name("node-2"), hostname="client", subdomain="peers")
+    cli = pod("client", client_script, node=cluster.node_name("node-2"), hostname="client", subdomain="peers")
     cli["metadata"]["labels"] = {"app": "peers"}
     core.create_namespaced_pod(namespace, srv)
     core.create_namespaced_pod(namespace, cli)
     p = wait_pod(core, namespace, "client", phase_in("Succeeded", "Failed"), 70)
-    log = rtj_cluster.pod_log(namespace, "client")
+    log = cluster.pod_log(namespace, "client")
     assert p.status.phase == "Succeeded", log
     s = core.read_namespaced_pod("server", namespace)
     assert s.spec.node_name != p.spec.node_name
@@ -354,10 +354,10 @@ def test_pods_on_different_nodes_reach_each_other_by_headless_dns(rtj_cluster: A
 
 
 @pytest.mark.timeout(150)
-def test_torch_rendezvous_over_headless_dns_across_nodes(rtj_cluster: Any, core: client.CoreV1Api,
+def test_torch_rendezvous_over_headless_dns_across_nodes(cluster: Any, core: client.CoreV1Api,
                                                          namespace: str) -> None:
     """Two pods on two nodes form a gloo process group with MASTER_ADDR=<hostname>.<subdomain>."""
-    rtj_cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tr"},
+    cluster.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "tr"},
                        "spec": {"clusterIP": "None", "selector": {"app": "tr"}, "publishNotReadyAddresses": True,
                                 "ports": [{"port": 29500}]}}, namespace)
     script = """
@@ -380,7 +380,7 @@ def test_torch_rendezvous_over_headless_dns_across_nodes(rtj_cluster: Any, core:
         dist.destroy_process_group()
     """
     for rank, node in ((0, "node-1"), (1, "node-2")):
-        body = pod(f"w{rank}", script, node=rtj_cluster.node_name(node), hostname=f"w{rank}", subdomain="tr",
+        body = pod(f"w{rank}", script, node=cluster.node_name(node), hostname=f"w{rank}", subdomain="tr",
                    image="resilient-training-trainer:e2e")
         body["metadata"]["labels"] = {"app": "tr"}
         body["spec"]["containers"][0]["env"] = [
@@ -389,13 +389,13 @@ def test_torch_rendezvous_over_headless_dns_across_nodes(rtj_cluster: Any, core:
         core.create_namespaced_pod(namespace, body)
     for rank in (0, 1):
         p = wait_pod(core, namespace, f"w{rank}", phase_in("Succeeded", "Failed"), 120)
-        log = rtj_cluster.pod_log(namespace, f"w{rank}")
+        log = cluster.pod_log(namespace, f"w{rank}")
         assert p.status.phase == "Succeeded", log
         assert f"rank {rank} of 2 sum 3.0" in log
 
 
 @pytest.mark.timeout(60)
-def test_fake_gpus_are_scheduled_as_extended_resources(rtj_cluster: Any, core: client.CoreV1Api,
+def test_fake_gpus_are_scheduled_as_extended_resources(cluster: Any, core: client.CoreV1Api,
                                                        namespace: str) -> None:
     def gpu_pod(name: str, gpus: int) -> dict[str, Any]:
         body = pod(name, "pass")
@@ -412,7 +412,7 @@ def test_fake_gpus_are_scheduled_as_extended_resources(rtj_cluster: Any, core: c
 
 
 @pytest.mark.timeout(60)
-def test_on_failure_restarts_the_container_and_counts_it(rtj_cluster: Any, core: client.CoreV1Api,
+def test_on_failure_restarts_the_container_and_counts_it(cluster: Any, core: client.CoreV1Api,
                                                          namespace: str) -> None:
     script = """
         import os
@@ -432,24 +432,24 @@ def test_on_failure_restarts_the_container_and_counts_it(rtj_cluster: Any, core:
 
 
 @pytest.mark.timeout(90)
-def test_restored_node_reports_its_lost_run_once_pod_failed(rtj_cluster: Any, core: client.CoreV1Api,
+def test_restored_node_reports_its_lost_run_once_pod_failed(cluster: Any, core: client.CoreV1Api,
                                                            namespace: str) -> None:
     requested = f"reboot-{namespace[-4:]}"
-    rtj_cluster.add_node(requested)
-    node = rtj_cluster.node_name(requested)
+    cluster.add_node(requested)
+    node = cluster.node_name(requested)
     core.create_namespaced_pod(namespace, pod("lost", "import time\nwhile True: time.sleep(1)", node=node))
     wait_pod(core, namespace, "lost", phase_in("Running"), 45)
-    rtj_cluster.kill_node(requested)
-    rtj_cluster.restore_node(requested)  # back before any eviction (default toleration: 300 s)
+    cluster.kill_node(requested)
+    cluster.restore_node(requested)  # back before any eviction (default toleration: 300 s)
     p = wait_pod(core, namespace, "lost", phase_in("Succeeded", "Failed"), 30)
     term = p.status.container_statuses[0].state.terminated
     assert (p.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
-    rtj_cluster.kill_node(requested)
+    cluster.kill_node(requested)
     core.delete_node(node)
 
 
 @pytest.mark.timeout(60)
-def test_security_context_sets_user_groups_and_read_only_root(rtj_cluster: Any, core: client.CoreV1Api,
+def test_security_context_sets_user_groups_and_read_only_root(cluster: Any, core: client.CoreV1Api,
                                                               namespace: str) -> None:
     script = """
         import os
@@ -470,12 +470,12 @@ def test_security_context_sets_user_groups_and_read_only_root(rtj_cluster: Any, 
     body["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
     core.create_namespaced_pod(namespace, body)
     p = wait_pod(core, namespace, "nonroot", phase_in("Succeeded", "Failed"), 45)
-    assert p.status.phase == "Succeeded", rtj_cluster.pod_log(namespace, "nonroot")
+    assert p.status.phase == "Succeeded", cluster.pod_log(namespace, "nonroot")
     assert p.status.container_statuses[0].state.terminated.message == "non-root done"
 
 
 @pytest.mark.timeout(60)
-def test_exec_readiness_and_liveness_probes(rtj_cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
+def test_exec_readiness_and_liveness_probes(cluster: Any, core: client.CoreV1Api, namespace: str) -> None:
     ready = pod("ready", "import time, pathlib\ntime.sleep(1)\npathlib.Path('/scratch/ready').touch()\n"
                          "while True: time.sleep(1)", restart="Always")
     ready["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
@@ -496,37 +496,75 @@ def test_exec_readiness_and_liveness_probes(rtj_cluster: Any, core: client.CoreV
 
 
 @pytest.mark.timeout(90)
-def test_nodes_and_pods_survive_an_apiserver_restart(rtj_cluster: Any, core: client.CoreV1Api,
+def test_nodes_and_pods_survive_an_apiserver_restart(cluster: Any, core: client.CoreV1Api,
                                                       namespace: str) -> None:
     core.create_namespaced_pod(namespace, pod("steady", "import time\nwhile True: time.sleep(1)"))
     wait_pod(core, namespace, "steady", phase_in("Running"), 45)
-    rtj_cluster.restart_component("kube-apiserver", down_seconds=2)
-    fresh = client.CoreV1Api(rtj_cluster.api_client())
+    cluster.restart_component("kube-apiserver", down_seconds=2)
+    fresh = client.CoreV1Api(cluster.api_client())
     assert fresh.read_namespaced_pod("steady", namespace).status.phase == "Running"
     fresh.delete_namespaced_pod("steady", namespace, grace_period_seconds=1)  # the agent's watch is back
 
     wait_for(lambda: pod_deleted(fresh, namespace, "steady"), 30, "pod deleted through re-established watches")
-    assert all(rtj_cluster.node_ready(n) for n in ("node-1", "node-2", "node-3"))
+    assert all(cluster.node_ready(n) for n in ("node-1", "node-2", "node-3"))
 
 
-def test_a_subnet_with_a_leftover_listener_is_not_handed_out() -> None:
-    """A node agent that outlived its cluster's bridge still holds its kubelet port on 10.X.i.1; a new
-    cluster on that X could not bind it ("Address already in use"), so X counts as taken."""
-    import socket
+def _host_network() -> dict[str, str]:
+    """The host's interfaces, addresses and routes (every table), as `ip` prints them."""
+    from e2e.localcluster import network
+
+    return {" ".join(cmd): network.ip(*cmd).stdout for cmd in
+            (("-o", "addr"), ("route", "show", "table", "all"), ("-6", "route", "show", "table", "all"),
+             ("-o", "link"))}
+
+
+@pytest.mark.timeout(180)
+def test_a_cluster_adds_nothing_to_the_host_network_and_leaves_nothing_behind() -> None:
+    """Start a cluster with a node and a running pod (its namespace, veth, address), stop it: the host's
+    interfaces and routes are exactly as before, and no namespace of that cluster is left."""
+    from e2e.localcluster import Cluster, network
+
+    before = _host_network()
+    c = Cluster.start("hostnet")
+    try:
+        c.add_node("n1")
+        core = client.CoreV1Api(c.api_client())
+        c.wait_for_default_sa("default")
+        core.create_namespaced_pod("default", pod("p", "import time; time.sleep(600)"))
+        wait_pod(core, "default", "p", phase_in("Running"), 60)
+        inside = c.in_netns(lambda: network.ip("-o", "addr").stdout)
+        assert f"{network.BRIDGE}    inet {network.gateway()}/16" in inside  # the bridge is in the namespace
+        assert network.BRIDGE not in network.ip("-o", "link").stdout
+        assert _host_network() == before  # while it runs, too
+    finally:
+        c.stop(remove=True)
+    assert _host_network() == before
+    assert not [ns for ns in network.list_netns() if ns == c.netns or ns.startswith(c.netns + "_")]
+
+
+def test_namespaces_of_a_dead_cluster_are_cleaned_up() -> None:
+    """A cluster killed with its watchdog leaves namespace names; the next start (or `down`) removes them,
+    and never a namespace a live process uses."""
+    import subprocess
     import uuid
 
     from e2e.localcluster import network
 
-    link = f"rtjt{uuid.uuid4().hex[:6]}"
-    network.ip("link", "add", link, "type", "bridge")
+    dead = network.cluster_netns_name(f"dead-{uuid.uuid4().hex[:6]}")
+    live = network.cluster_netns_name(f"live-{uuid.uuid4().hex[:6]}")
+    network.create_cluster_netns(dead)
+    network.ip("netns", "add", f"{dead}_1-deadbeef")  # a pod of it
+    network.ip("netns", "add", live)
+    holder = subprocess.Popen(["ip", "netns", "exec", live, "sleep", "60"])
     try:
-        network.ip("addr", "add", "10.199.7.1/32", "dev", link)
-        network.ip("link", "set", link, "up")
-        with socket.socket() as listener:
-            listener.bind(("10.199.7.1", 0))
-            listener.listen()
-            network.ip("addr", "del", "10.199.7.1/32", "dev", link)  # the bridge is gone, the socket stays
-            assert 199 in network._listening_subnets()
-        assert 199 not in network._listening_subnets()
+        wait_for(lambda: network.netns_pids(live), 10, "a process in the live namespace")
+        with network.locked():
+            network.cleanup_stale()
+        names = network.list_netns()
+        assert dead not in names and f"{dead}_1-deadbeef" not in names
+        assert live in names
     finally:
-        network.ip("link", "del", link, check=False)
+        holder.kill()
+        holder.wait()
+        for ns in (dead, f"{dead}_1-deadbeef", live):
+            network.ip("netns", "del", ns, check=False)

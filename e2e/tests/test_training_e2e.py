@@ -51,18 +51,18 @@ def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     """The example job, dumping its final state beside its checkpoint root for comparison."""
     scenarios.shared_claim(cluster, ns)
     kw.setdefault("steps", STEPS)
-    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}-{name}.pt",), **kw)
+    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",), **kw)
     cluster.apply(job)
     return job
 
 
 @pytest.mark.timeout(600)
 def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
-    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any]
+    cluster: Cluster, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 
-    cluster, ns, name = operator_cluster, job_ns, "tiny"
+    ns, name = job_ns, "tiny"
     job = submit(cluster, ns, name)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     first = scenarios.first_complete_checkpoint(cluster, job)
@@ -104,9 +104,9 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
 
 
 @pytest.mark.timeout(600)
-def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster, job_ns: str) -> None:
+def test_untrustworthy_checkpoints_are_never_injected(cluster: Cluster, job_ns: str) -> None:
     """A newer dir without .metadata and one with .metadata beside a truncated shard are skipped."""
-    cluster, ns, name = operator_cluster, job_ns, "planted"
+    ns, name = job_ns, "planted"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     good = scenarios.first_complete_checkpoint(cluster, job)
@@ -135,11 +135,11 @@ def test_untrustworthy_checkpoints_are_never_injected(operator_cluster: Cluster,
 
 @pytest.mark.timeout(900)
 def test_two_losses_then_capacity_returns_and_the_job_grows_back(
-    operator_cluster: Cluster, job_ns: str, reference: dict[str, Any]
+    cluster: Cluster, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 
-    cluster, ns, name = operator_cluster, job_ns, "twice"
+    ns, name = job_ns, "twice"
     job = submit(cluster, ns, name, steps=STEPS, checkpoint_every=3, step_delay=0.4)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     scenarios.first_complete_checkpoint(cluster, job)
@@ -162,8 +162,8 @@ def test_two_losses_then_capacity_returns_and_the_job_grows_back(
 
 
 @pytest.mark.timeout(600)
-def test_two_nodes_at_once_cost_one_restart(operator_cluster: Cluster, job_ns: str) -> None:
-    cluster, ns, name = operator_cluster, job_ns, "pair"
+def test_two_nodes_at_once_cost_one_restart(cluster: Cluster, job_ns: str) -> None:
+    ns, name = job_ns, "pair"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     scenarios.first_complete_checkpoint(cluster, job)
@@ -179,9 +179,9 @@ def test_two_nodes_at_once_cost_one_restart(operator_cluster: Cluster, job_ns: s
 
 @pytest.mark.timeout(600)
 def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
-    operator_cluster: Cluster, job_ns: str
+    cluster: Cluster, job_ns: str
 ) -> None:
-    cluster, ns, name = operator_cluster, job_ns, "short"
+    ns, name = job_ns, "short"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5, min_replicas=3)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     scenarios.first_complete_checkpoint(cluster, job)
@@ -200,8 +200,8 @@ def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
 
 
 @pytest.mark.timeout(600)
-def test_application_failure_spends_its_own_budget_then_fails(operator_cluster: Cluster, job_ns: str) -> None:
-    cluster, ns, name = operator_cluster, job_ns, "buggy"
+def test_application_failure_spends_its_own_budget_then_fails(cluster: Cluster, job_ns: str) -> None:
+    ns, name = job_ns, "buggy"
     failure = {"maxApplicationRestarts": 1, "applicationBackoffSeconds": 3, "maxInfrastructureRestarts": 5}
     scenarios.shared_claim(cluster, ns)
     crash = ("--fail-at-step=3", "--fail-rank=1", "--fail-exit-code=1")

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from resilient_contract import layout, progress
 from resilient_operator import constants as c
-from resilient_operator import metrics, views
+from resilient_operator import discovery, metrics, views
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress
 from resilient_operator.core.timeutil import parse
@@ -51,7 +51,10 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     pods = [views.pod_view(p) for p in kube.list_job_pods(namespace, name)]
     raw_nodes, leases = kube.nodes_and_leases()
     nodes = {n["metadata"]["name"]: views.node_view(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
-    listing = layout.discover(job.spec.checkpoint_root) if not job.problem else layout.Listing("", None, (), None, True)
+    if job.problem:  # the core refuses the job; nothing to read
+        return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
+    # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
+    listing = discovery.discover(job.spec.checkpoint_root, namespace)
     return obj, job, pods, nodes, listing
 
 
@@ -151,7 +154,8 @@ def reconcile_job(kube: Kube, namespace: str, name: str,
             return None, None
         obj, job, pods, nodes, listing = observed
         now = datetime.now(UTC)
-        plan = reconcile(job, pods, nodes, listing, now, progress=read_progress(job, pods),
+        reports = read_progress(job, pods) if not listing.error else []  # only under a root discovery accepted
+        plan = reconcile(job, pods, nodes, listing, now, progress=reports,
                          config=config or OperatorConfig())
         apply(kube, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)

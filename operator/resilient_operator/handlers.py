@@ -18,7 +18,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from resilient_operator import constants as c
-from resilient_operator import controller, metrics
+from resilient_operator import controller, discovery, metrics
 from resilient_operator.core import routing
 from resilient_operator.kube import NODE_LEASE_NAMESPACE, Conflict, Kube, load_config
 from resilient_operator.settings import Settings
@@ -60,6 +60,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.standalone = True  # one active replica (the chart's Deployment uses Recreate)
     load_config()
     state.kube = Kube()
+    discovery.start(state.settings.discovery)  # checkpoint discovery's sandboxed worker pool
     if state.settings.metrics_port:
         start_http_server(state.settings.metrics_port)
     for index in range(state.settings.workers):
@@ -70,6 +71,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 async def cleanup(memo: Any, **_: Any) -> None:
     for task in _state(memo).tasks:
         task.cancel()
+    discovery.shutdown()
 
 
 async def _worker(state: State) -> None:

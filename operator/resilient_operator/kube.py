@@ -123,7 +123,12 @@ class Kube:
 
     def list_job_statuses(self) -> list[dict[str, Any]]:
         """Every job's status, cluster-wide (only when a failure was blamed on a node, for bad-node tainting)."""
-        items = _raw(self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL, _preload_content=False))
+        try:
+            items = _raw(self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL,
+                                                                _preload_content=False))
+        except ApiException as exc:  # a namespaced install (watchNamespaces) cannot list cluster-wide
+            log.warning("bad-node tainting needs to list jobs cluster-wide: %s", exc.reason)
+            return []
         return [item.get("status") or {} for item in items["items"]]
 
     def taint_node(self, name: str, key: str, message: str) -> bool:

@@ -2,11 +2,86 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from resilient_operator.core.model import OperatorConfig
+
+MiB = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """An operator setting is malformed: the operator refuses to start rather than guess."""
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    """Checkpoint discovery runs in sandboxed worker processes with these bounds (see discovery.py)."""
+
+    checkpoint_mount: str = "/checkpoints"  # RTJ_CHECKPOINT_MOUNT
+    storage_areas: dict[str, str] = field(default_factory=dict)  # RTJ_STORAGE_AREAS: namespace -> area
+    timeout_seconds: float = 5.0  # RTJ_DISCOVERY_TIMEOUT_SECONDS: per call, wall clock
+    metadata_max_bytes: int = 32 * MiB  # RTJ_METADATA_MAX_BYTES
+    max_steps: int = 32  # RTJ_DISCOVERY_MAX_STEPS: newest K step directories examined
+    memory_bytes: int = 512 * MiB  # RTJ_DISCOVERY_MEMORY_BYTES: each worker's RLIMIT_AS
+    workers: int = 2  # RTJ_DISCOVERY_WORKERS
+
+    def area_for(self, namespace: str) -> str:
+        """Where a namespace's checkpoint roots must lie: its RTJ_STORAGE_AREAS entry or <mount>/<namespace>."""
+        return self.storage_areas.get(namespace) or posixpath.join(self.checkpoint_mount, namespace)
+
+    @classmethod
+    def from_environ(cls, env: dict[str, str] | None = None) -> DiscoverySettings:
+        env = dict(os.environ if env is None else env)
+        mount = _abs_path(env.get("RTJ_CHECKPOINT_MOUNT") or "/checkpoints", "RTJ_CHECKPOINT_MOUNT")
+        return cls(
+            checkpoint_mount=mount,
+            storage_areas=_areas(env.get("RTJ_STORAGE_AREAS") or "{}"),
+            timeout_seconds=_number(env, "RTJ_DISCOVERY_TIMEOUT_SECONDS", 5.0, float),
+            metadata_max_bytes=_number(env, "RTJ_METADATA_MAX_BYTES", 32 * MiB, int),
+            max_steps=_number(env, "RTJ_DISCOVERY_MAX_STEPS", 32, int),
+            memory_bytes=_number(env, "RTJ_DISCOVERY_MEMORY_BYTES", 512 * MiB, int),
+            workers=_number(env, "RTJ_DISCOVERY_WORKERS", 2, int),
+        )
+
+
+N = TypeVar("N", int, float)
+
+
+def _number(env: dict[str, str], name: str, default: N, kind: Callable[[str], N]) -> N:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a {type(default).__name__}") from None
+    if value <= 0:
+        raise SettingsError(f"{name} must be positive")
+    return value
+
+
+def _abs_path(raw: str, what: str) -> str:
+    if not raw.startswith("/") or "\x00" in raw:
+        raise SettingsError(f"{what}: {raw!r} must be an absolute path")
+    path = posixpath.normpath(raw)
+    if path == "/":
+        raise SettingsError(f"{what} cannot be the filesystem root")
+    return path
+
+
+def _areas(raw: str) -> dict[str, str]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise SettingsError("RTJ_STORAGE_AREAS must be a JSON object {namespace: absolute path}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise SettingsError("RTJ_STORAGE_AREAS must be a JSON object {namespace: absolute path}")
+    return {ns: _abs_path(path, f"RTJ_STORAGE_AREAS[{ns}]") for ns, path in data.items()}
 
 
 @dataclass(frozen=True)
@@ -17,6 +92,7 @@ class Settings:
     workers: int  # jobs reconciled concurrently (one job is never reconciled twice at once)
     log_level: str
     config: OperatorConfig = field(default_factory=OperatorConfig)  # what the core's policies read
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
 
     @classmethod
     def from_environ(cls) -> Settings:
@@ -28,6 +104,7 @@ class Settings:
             workers=int(os.environ.get("RTJ_WORKERS", "8")),
             log_level=os.environ.get("RTJ_LOG_LEVEL", "INFO"),
             config=operator_config(os.environ),
+            discovery=DiscoverySettings.from_environ(),
         )
 
 

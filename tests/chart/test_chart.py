@@ -26,18 +26,23 @@ KUBE_VERSION = "1.34.0"
 RELEASE = "rtj"
 NAMESPACE = "rtj-system"
 
-# The operator's ClusterRole, rule by rule: (apiGroup, resource) -> verbs, and why. The template
-# (templates/clusterrole.yaml) and this table are the only two places that list them.
-RBAC = {
+# The operator's rights, rule by rule: (apiGroup, resource) -> verbs, and why. The templates
+# (templates/_helpers.tpl "rto.namespacedRules", templates/clusterrole.yaml) and these tables are the only
+# places that list them. Every namespace watched: all in the ClusterRole. watchNamespaces set: the
+# namespaced rules in a Role per watched namespace, the cluster facts in the ClusterRole.
+RBAC_NAMESPACED = {
     ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch"},  # kopf watch + fresh reads
     ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch"},  # the only writer of status
     ("", "pods"): {"get", "list", "watch", "create", "delete"},  # create gangs, fence, list by label
     ("", "services"): {"get", "create"},  # the headless rendezvous Service
-    ("", "nodes"): {"get", "list", "watch"},  # node loss, capacity
-    ("coordination.k8s.io", "leases"): {"get", "list", "watch"},  # node heartbeats (kube-node-lease)
     ("", "events"): {"create", "patch"},  # kubectl describe tells the story; kopf's own events
     ("policy", "poddisruptionbudgets"): {"create", "delete"},  # one per attempt: kubectl drain waits
 }
+RBAC_CLUSTER = {
+    ("", "nodes"): {"get", "list", "watch"},  # node loss, capacity
+    ("coordination.k8s.io", "leases"): {"get", "list", "watch"},  # node heartbeats (kube-node-lease)
+}
+RBAC = RBAC_NAMESPACED | RBAC_CLUSTER
 
 LABEL_KEYS = (
     "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
@@ -116,13 +121,27 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(docs)["env"]}
 
 
+def granted(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """A (Cluster)Role's rules as (apiGroup, resource) -> verbs; no wildcards, nothing granted twice."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, f"no resourceNames/nonResourceURLs: {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource)
+                assert key not in seen, f"{key} granted twice"
+                assert "*" not in rule["verbs"] and "*" not in (group, resource)
+                seen[key] = set(rule["verbs"])
+    return seen
+
+
 # ---- rendering and schemas ----------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", list(STORAGE_MODES))
 def test_every_rendered_object_validates_against_kubernetes_1_34(helm: str, tmp_path: Path, mode: str) -> None:
     docs = render(helm, tmp_path, STORAGE_MODES[mode], "--include-crds")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Service", "Deployment"])  # fmt: skip
+                            "Service", "Deployment", "NetworkPolicy"])  # fmt: skip
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -152,8 +171,19 @@ def test_every_value_combination_validates(helm: str, tmp_path: Path) -> None:
         "priorityClassName": "rtj-critical",
         "extraEnv": [{"name": "KOPF_EXTRA", "value": "1"},
                      {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "networkPolicy": {"ingressFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+                          "apiServer": {"cidrs": ["10.96.0.1/32", "192.168.0.10/32"], "ports": [6443]},
+                          "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                                           "ports": [{"port": 9000, "protocol": "TCP"}]}]},
+        "admissionPolicy": {"enabled": True, "namespaces": ["ml-a"], "validationActions": ["Warn", "Audit"]},
     }  # fmt: skip
+    values["checkpointStorage"]["namespaceAreas"] = {"ml-a": "/mnt/ckpt/teams/a"}
+    values["discovery"] = {"timeoutSeconds": 10, "metadataMaxBytes": 67108864, "maxStepDirs": 8,
+                           "workerMemoryBytes": 268435456, "workers": 3}  # fmt: skip
     docs = render(helm, tmp_path, values)
+    kinds = {d["kind"] for d in docs}
+    assert {"Role", "RoleBinding", "NetworkPolicy", "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"} <= kinds  # fmt: skip
     for doc in docs:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
     spec = pod_spec(docs)
@@ -207,6 +237,29 @@ BAD_VALUES = [
     ("tag with a colon", {"image": {"tag": "v1:latest"}}, "/image/tag"),
     ("env without a name", {"extraEnv": [{"value": "x"}]}, "/extraEnv/0"),
     ("metrics flag as a string", {"metrics": {"enabled": "yes"}}, "/metrics/enabled"),
+    ("area of a bad namespace", {"checkpointStorage": {"namespaceAreas": {"ML": "/checkpoints/ml"}}},
+     "/checkpointStorage/namespaceAreas"),
+    ("relative area", {"checkpointStorage": {"namespaceAreas": {"ml": "checkpoints/ml"}}},
+     "/checkpointStorage/namespaceAreas/ml"),
+    ("area with ..", {"checkpointStorage": {"namespaceAreas": {"ml": "/checkpoints/../etc"}}},
+     "/checkpointStorage/namespaceAreas/ml"),
+    ("areas as a list", {"checkpointStorage": {"namespaceAreas": ["/checkpoints/ml"]}},
+     "/checkpointStorage/namespaceAreas"),
+    ("timeout as a string", {"discovery": {"timeoutSeconds": "5"}}, "/discovery/timeoutSeconds"),
+    ("no workers", {"discovery": {"workers": 0}}, "/discovery/workers"),
+    ("fractional cap", {"discovery": {"metadataMaxBytes": 1.5}}, "/discovery/metadataMaxBytes"),
+    ("zero step dirs", {"discovery": {"maxStepDirs": 0}}, "/discovery/maxStepDirs"),
+    ("tiny worker", {"discovery": {"workerMemoryBytes": 1048576}}, "/discovery/workerMemoryBytes"),
+    ("unknown discovery key", {"discovery": {"threads": 4}}, "threads"),
+    ("api server port", {"networkPolicy": {"apiServer": {"ports": [70000]}}}, "/networkPolicy/apiServer/ports/0"),
+    ("api server cidr", {"networkPolicy": {"apiServer": {"cidrs": ["10.0.0.1"]}}},
+     "/networkPolicy/apiServer/cidrs/0"),
+    ("dns namespace", {"networkPolicy": {"dns": {"namespace": "Kube System"}}}, "/networkPolicy/dns/namespace"),
+    ("egress rule with a typo", {"networkPolicy": {"extraEgress": [{"too": []}]}}, "/networkPolicy/extraEgress/0"),
+    ("deny and warn", {"admissionPolicy": {"validationActions": ["Deny", "Warn"]}},
+     "/admissionPolicy/validationActions"),
+    ("unknown action", {"admissionPolicy": {"validationActions": ["Block"]}}, "/admissionPolicy/validationActions"),
+    ("policy namespace", {"admissionPolicy": {"namespaces": ["ML_A"]}}, "/admissionPolicy/namespaces/0"),
 ]  # fmt: skip
 
 
@@ -236,16 +289,7 @@ def test_values_schema_is_strict_json_schema() -> None:
 def test_cluster_role_is_exactly_the_least_privilege_table(helm: str, tmp_path: Path) -> None:
     docs = render(helm, tmp_path)
     role = one(docs, "ClusterRole")
-    seen: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, f"no resourceNames/nonResourceURLs: {rule}"
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                key = (group, resource)
-                assert key not in seen, f"{key} granted twice"
-                assert "*" not in rule["verbs"] and "*" not in (group, resource)
-                seen[key] = set(rule["verbs"])
-    assert seen == RBAC
+    assert granted(role) == RBAC
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
 
     binding = one(docs, "ClusterRoleBinding")
@@ -271,9 +315,10 @@ def test_node_patch_is_granted_only_with_cluster_wide_bad_node_tainting(helm: st
 
 
 def test_rbac_and_service_account_can_be_turned_off(helm: str, tmp_path: Path) -> None:
-    docs = render(helm, tmp_path, {"rbac": {"create": False},
+    docs = render(helm, tmp_path, {"rbac": {"create": False}, "watchNamespaces": ["ml-a"],
                                    "serviceAccount": {"create": False, "name": "ops-managed"}})  # fmt: skip
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     assert not by_kind(docs, "ServiceAccount")
     assert pod_spec(docs)["serviceAccountName"] == "ops-managed"
 
@@ -350,7 +395,7 @@ def test_operator_container(helm: str, tmp_path: Path) -> None:
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081}
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
-    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"] == "1536Mi"
     env = env_of(docs)
     assert env["RTJ_METRICS_PORT"] == "8080" and env["RTJ_HEALTH_PORT"] == "8081"
     assert env["RTJ_NAMESPACES"] == "" and env["RTJ_LOG_LEVEL"] == "INFO"

@@ -3,20 +3,31 @@
 Layout: `<root>/step-<10-digit step>/` holding DCP shard files and `.metadata`. DCP writes `.metadata`
 last, but a reused directory, `sync_files=False` or an eventually consistent store can still leave a
 `.metadata` beside missing shards, so completeness is checked, not trusted: `.metadata` must parse
-(with the restricted unpickler) and every file it references must hold at least offset+length bytes.
+(with the restricted reader) and every file it references must hold at least offset+length bytes.
+
+Everything under a root is written by user pods, so it is read as hostile input: no symlink below the
+root is followed, files must be regular (`lstat`, then `O_NOFOLLOW|O_NONBLOCK` and `fstat`, so a FIFO
+never blocks), `.metadata` is size-capped, only the newest K step directories are examined, and every
+failure becomes a verdict or a `Listing.error` with a reason. Messages name the step directory and
+validated shard names, never file contents or anything outside the checkpoint. `discover(uri, area)`
+also refuses a root outside its namespace's storage area before touching the filesystem.
 
 Storage goes through `CheckpointStore`, so an object store (`s3://`) can be added without touching the
-rule. Torch-free: the operator imports this module.
+rule. Torch-free: the operator imports this module (and runs `discover` in a sandboxed worker).
 """
 
 from __future__ import annotations
 
+import errno
+import heapq
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from resilient_contract import dcp_metadata
 
@@ -24,6 +35,20 @@ METADATA_FILE = ".metadata"
 STEP_DIR_PREFIX = "step-"
 STEP_DIGITS = 10
 _STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}(\d{{{STEP_DIGITS}}})$")
+_SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")  # a shard name we may echo in a message
+MAX_SHARD_FILES = 100_000
+
+# Listing.reason: why discovery could not say which checkpoint is the latest (for a condition's reason).
+REASON_ROOT_MISSING = "CheckpointRootMissing"
+REASON_STORAGE_UNREADABLE = "StorageUnreadable"
+REASON_INVALID_ROOT = "InvalidCheckpointRoot"
+REASON_ROOT_OUTSIDE_AREA = "RootOutsideNamespaceArea"
+REASON_ROOT_SYMLINK = "CheckpointRootSymlink"
+REASON_DISCOVERY_TIMED_OUT = "DiscoveryTimedOut"
+REASON_DISCOVERY_FAILED = "DiscoveryFailed"
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def step_dir_name(step: int) -> str:
@@ -42,9 +67,30 @@ def parse_step_dir(name: str) -> int | None:
 class StorageError(OSError):
     """The checkpoint root cannot be read (permission denied, unsupported scheme, not a directory)."""
 
+    reason = REASON_STORAGE_UNREADABLE
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason:
+            self.reason = reason
+
 
 class RootMissing(StorageError):
     """The checkpoint root does not exist: normal before the first save, alarming after one."""
+
+    reason = REASON_ROOT_MISSING
+
+
+class UnsafeEntry(StorageError):
+    """An entry below the root that is not followed or read: a symlink, FIFO, socket, device, oversize file."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, "error")
 
 
 class CheckpointStore(Protocol):
@@ -54,59 +100,238 @@ class CheckpointStore(Protocol):
 
     def list_dirs(self) -> list[str]: ...
 
+    def iter_entries(self) -> Iterator[tuple[str, str]]: ...
+
+    def stat_entry(self, relpath: str) -> os.stat_result | None: ...
+
     def read_bytes(self, relpath: str, limit: int) -> bytes | None: ...
 
     def size(self, relpath: str) -> int | None: ...
 
     def join(self, relpath: str) -> str: ...
 
+    def close(self) -> None: ...
+
 
 class LocalStore:
-    """A checkpoint root on a mounted filesystem (an RWX volume shared by the workers)."""
+    """A checkpoint root on a mounted filesystem (an RWX volume shared by the workers).
 
-    def __init__(self, root: str) -> None:
+    Nothing below the root is followed if it is a symlink. With `dir_fd` (from `open_root`) every
+    read is relative to that open directory, so swapping a path component for a symlink after the
+    check changes nothing.
+    """
+
+    def __init__(self, root: str, dir_fd: int | None = None) -> None:
+        if "\x00" in root:
+            raise StorageError("checkpoint root contains a NUL byte", REASON_INVALID_ROOT)
         self.root = root
         self.uri = root
+        self._fd = dir_fd
 
-    def list_dirs(self) -> list[str]:
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @contextmanager
+    def _root_fd(self) -> Iterator[int]:
+        if self._fd is not None:
+            yield self._fd
+            return
         try:
-            with os.scandir(self.root) as it:
-                return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise RootMissing(f"checkpoint root {self.root} does not exist") from None
         except PermissionError:
             raise StorageError(f"checkpoint root {self.root} is not readable (permission denied)") from None
         except NotADirectoryError:
             raise StorageError(f"checkpoint root {self.root} is not a directory") from None
+        except OSError as exc:
+            raise StorageError(f"checkpoint root {self.root} cannot be opened ({_errno_name(exc)})") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def iter_entries(self) -> Iterator[tuple[str, str]]:
+        """(name, kind) of every entry in the root, kind one of "dir", "symlink", "other"; never follows."""
+        with self._root_fd() as fd:
+            try:
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        if entry.is_symlink():
+                            yield entry.name, "symlink"
+                        elif entry.is_dir(follow_symlinks=False):
+                            yield entry.name, "dir"
+                        else:
+                            yield entry.name, "other"
+            except PermissionError:
+                raise StorageError(f"checkpoint root {self.root} is not readable (permission denied)") from None
+            except OSError as exc:
+                raise StorageError(f"checkpoint root {self.root} cannot be listed ({_errno_name(exc)})") from None
+
+    def list_dirs(self) -> list[str]:
+        return [name for name, kind in self.iter_entries() if kind == "dir"]
+
+    @contextmanager
+    def _parent(self, relpath: str) -> Iterator[tuple[int, str] | None]:
+        """An open fd of `relpath`'s directory (walked without following symlinks) and the leaf name."""
+        parts = relpath.split("/")
+        if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+            raise UnsafeEntry("outside the checkpoint")
+        with self._root_fd() as root_fd:
+            fd, opened = root_fd, []
+            try:
+                for part in parts[:-1]:
+                    try:
+                        fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:
+                        yield None
+                        return
+                    except (NotADirectoryError, OSError) as exc:
+                        raise UnsafeEntry(_classify(exc, part, fd)) from None
+                    opened.append(fd)
+                yield fd, parts[-1]
+            finally:
+                for each in opened:
+                    os.close(each)
+
+    def stat_entry(self, relpath: str) -> os.stat_result | None:
+        """`lstat` of an entry below the root (None if absent); a symlinked directory on the way raises."""
+        with self._parent(relpath) as found:
+            if found is None:
+                return None
+            fd, leaf = found
+            try:
+                return os.stat(leaf, dir_fd=fd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as exc:
+                raise UnsafeEntry(_classify(exc, leaf, fd)) from None
 
     def read_bytes(self, relpath: str, limit: int) -> bytes | None:
-        try:
-            with open(os.path.join(self.root, relpath), "rb") as f:
-                return f.read(limit + 1)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
+        """A regular file's bytes (None if absent); symlinks, FIFOs, devices and files over `limit` raise."""
+        with self._parent(relpath) as found:
+            if found is None:
+                return None
+            parent, leaf = found
+            try:
+                fd = os.open(leaf, _FILE_FLAGS, dir_fd=parent)
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+            except OSError as exc:
+                raise UnsafeEntry(_classify(exc, leaf, parent)) from None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise UnsafeEntry("not a regular file")
+                if st.st_size > limit:
+                    raise UnsafeEntry("too large")
+                chunks, left = [], limit + 1
+                while left > 0:
+                    chunk = os.read(fd, min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    left -= len(chunk)
+                if left <= 0:
+                    raise UnsafeEntry("too large")  # it grew while we read
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
 
     def size(self, relpath: str) -> int | None:
+        """A regular file's size; None if absent, a symlink or not a regular file."""
         try:
-            st = os.stat(os.path.join(self.root, relpath))
-        except (FileNotFoundError, NotADirectoryError):
+            st = self.stat_entry(relpath)
+        except UnsafeEntry:
             return None
-        return st.st_size if os.path.isfile(os.path.join(self.root, relpath)) else None
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
 
     def join(self, relpath: str) -> str:
         return os.path.join(self.root, relpath)
 
 
+def _classify(exc: OSError, name: str, dir_fd: int) -> str:
+    """Why an entry could not be opened, in a few fixed words (ENOTDIR/ELOOP on O_NOFOLLOW: a symlink?)."""
+    if isinstance(exc, PermissionError):
+        return "not readable (permission denied)"
+    if exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            return "unreadable"
+        if stat.S_ISLNK(mode):
+            return "a symlink (not followed)"
+        if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
+            return "not a regular file"
+        return "not a directory"
+    return f"unreadable ({_errno_name(exc)})"
+
+
+def _local_path(uri: str) -> str:
+    if "\x00" in uri:
+        raise StorageError("checkpoint root contains a NUL byte", REASON_INVALID_ROOT)
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    if "://" in uri:
+        scheme = uri.split("://", 1)[0][:20]
+        raise StorageError(f"checkpoint storage scheme {scheme}:// is not supported yet (use a mounted path)",
+                           REASON_INVALID_ROOT)  # fmt: skip
+    if not uri.startswith("/"):
+        raise StorageError("checkpoint root must be an absolute path", REASON_INVALID_ROOT)
+    return uri
+
+
 def open_store(uri: str) -> CheckpointStore:
     """Resolve a checkpoint root URI: a path or `file://` now; other schemes fail with a clear error."""
-    if uri.startswith("file://"):
-        return LocalStore(uri[len("file://") :])
-    if "://" in uri:
-        scheme = uri.split("://", 1)[0]
-        raise StorageError(f"checkpoint storage scheme {scheme}:// is not supported yet (use a mounted path)")
-    if not uri.startswith("/"):
-        raise StorageError(f"checkpoint root {uri!r} must be an absolute path")
-    return LocalStore(uri)
+    return LocalStore(_local_path(uri))
+
+
+def _components(path: str) -> list[str]:
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise StorageError("checkpoint root must be a normalized path (no . or .. components)", REASON_INVALID_ROOT)
+    return parts
+
+
+def within_area(path: str, area: str) -> bool:
+    """Lexically: is `path` the area or below it? (Decided before any filesystem access: no oracle.)"""
+    area_parts = [p for p in area.split("/") if p]
+    return [p for p in path.split("/") if p][: len(area_parts)] == area_parts
+
+
+def open_root(uri: str, area: str) -> LocalStore:
+    """The root as an open directory, checked to lie inside `area` with no symlink below the area."""
+    path = _local_path(uri)
+    parts, area_parts = _components(path), _components(area)
+    if parts[: len(area_parts)] != area_parts:
+        raise StorageError(f"checkpoint root must lie inside {'/' + '/'.join(area_parts)}/, the checkpoint "
+                           "storage area of this job's namespace", REASON_ROOT_OUTSIDE_AREA)  # fmt: skip
+    try:  # the area is the platform admin's path: it may be a mount point or a symlink
+        fd = os.open("/" + "/".join(area_parts), os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise RootMissing(f"checkpoint root {path} does not exist") from None
+    except OSError as exc:
+        raise StorageError(f"the namespace's checkpoint area is not readable ({_errno_name(exc)})") from None
+    try:
+        for part in parts[len(area_parts) :]:
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise RootMissing(f"checkpoint root {path} does not exist") from None
+            except OSError as exc:
+                kind = _classify(exc, part, fd)
+                if kind.startswith("a symlink"):
+                    raise StorageError(f"checkpoint root {path} has a symlink in its path (not followed)",
+                                       REASON_ROOT_SYMLINK) from None  # fmt: skip
+                raise StorageError(f"checkpoint root {path} is {kind}") from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return LocalStore(path, dir_fd=fd)
 
 
 @dataclass(frozen=True)
@@ -119,42 +344,78 @@ class Verdict:
     reason: str = ""
 
 
-def check_step(store: CheckpointStore, name: str) -> Verdict:
-    """The completeness rule, in one place."""
+def _shard_label(rel: str) -> str:
+    return f"shard {rel}" if _SAFE_NAME_RE.fullmatch(rel) else "a shard with an unprintable name"
+
+
+def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = dcp_metadata.DEFAULT_LIMITS) -> Verdict:
+    """The completeness rule, in one place. Storage trouble becomes a verdict, never an exception."""
     step = parse_step_dir(name)
     if step is None:
         raise ValueError(f"{name!r} is not a step directory")
     path = store.join(name)
-
-    def bad(reason: str) -> Verdict:
-        return Verdict(step, path, False, reason)
-
-    data = store.read_bytes(posixpath.join(name, METADATA_FILE), dcp_metadata.MAX_METADATA_BYTES)
-    if data is None:
-        return bad("no .metadata (save incomplete or in progress)")
     try:
-        entries = dcp_metadata.storage_entries(data)
+        reason = _incomplete_because(store, name, limits)
+    except UnsafeEntry as exc:
+        reason = f"the step directory is {exc.kind}"
+    except StorageError as exc:
+        reason = str(exc)
+    except OSError as exc:
+        reason = f"the step directory is unreadable ({_errno_name(exc)})"
+    return Verdict(step, path, reason is None, reason or "")
+
+
+def _incomplete_because(store: CheckpointStore, name: str, limits: dcp_metadata.Limits) -> str | None:
+    meta_rel = posixpath.join(name, METADATA_FILE)
+    st = store.stat_entry(meta_rel)
+    if st is None:
+        return "no .metadata (save incomplete or in progress)"
+    if stat.S_ISLNK(st.st_mode):
+        return ".metadata is a symlink (not followed)"
+    if not stat.S_ISREG(st.st_mode):
+        return ".metadata is not a regular file (a FIFO, socket, device or directory)"
+    if st.st_size > limits.max_bytes:
+        return f".metadata is larger than the {limits.max_bytes}-byte cap"
+    try:
+        data = store.read_bytes(meta_rel, limits.max_bytes)
+    except UnsafeEntry as exc:
+        return f".metadata is {exc.kind}" if exc.kind != "too large" else f".metadata is larger than the " \
+                                                                          f"{limits.max_bytes}-byte cap"
+    if data is None:
+        return "no .metadata (save incomplete or in progress)"
+    try:
+        entries = dcp_metadata.storage_entries(data, limits)
     except dcp_metadata.UnsafeMetadata as exc:
-        return bad(f"unsafe .metadata rejected without running it: {exc}")
+        return f"unsafe .metadata rejected without running it: {exc}"
     except dcp_metadata.MalformedMetadata as exc:
-        return bad(str(exc))
+        return str(exc)
     needed: dict[str, int] = {}
     for entry in entries:
         rel = posixpath.normpath(entry.relative_path)
-        if rel.startswith(("/", "..")) or rel == ".":
-            return bad(f".metadata references {entry.relative_path!r} outside the checkpoint")
+        if rel.startswith(("/", "..")) or rel == "." or "\x00" in rel:
+            return ".metadata references a file outside the checkpoint"
         needed[rel] = max(needed.get(rel, 0), entry.offset + entry.length)
+        if len(needed) > MAX_SHARD_FILES:
+            return f".metadata references more than {MAX_SHARD_FILES} shard files"
     for rel, end in sorted(needed.items()):
-        size = store.size(posixpath.join(name, rel))
-        if size is None:
-            return bad(f"shard {rel} is missing")
-        if size < end:
-            return bad(f"shard {rel} is truncated ({size} bytes, needs {end})")
-    return Verdict(step, path, True)
+        label = _shard_label(rel)
+        try:
+            st = store.stat_entry(posixpath.join(name, rel))
+        except UnsafeEntry as exc:
+            return f"{label} is inside a directory that is {exc.kind}"
+        if st is None:
+            return f"{label} is missing"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{label} is a symlink (not followed)"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{label} is not a regular file"
+        if st.st_size < end:
+            return f"{label} is truncated ({st.st_size} bytes, needs {end})"
+    return None
 
 
 def step_dirs(store: CheckpointStore) -> list[tuple[int, str]]:
-    """(step, name) of every step directory, oldest first."""
+    """(step, name) of every step directory, oldest first (symlinks are not step directories)."""
     found = []
     for name in store.list_dirs():
         step = parse_step_dir(name)
@@ -164,10 +425,35 @@ def step_dirs(store: CheckpointStore) -> list[tuple[int, str]]:
     return found
 
 
-def scan_newest_first(store: CheckpointStore) -> Iterator[Verdict]:
+def newest_step_entries(store: CheckpointStore, limit: int | None) -> tuple[list[tuple[int, str, str]], int]:
+    """The newest `limit` (step, name, kind) step entries, newest first, and how many there are in all.
+
+    Symlinks named like a step directory are kept (kind "symlink") so they can be reported as skipped.
+    Streams the listing: memory stays O(limit) however many entries the root holds.
+    """
+    total = 0
+
+    def steps() -> Iterator[tuple[int, str, str]]:
+        nonlocal total
+        for name, kind in store.iter_entries():
+            if kind != "other" and (step := parse_step_dir(name)) is not None:
+                total += 1
+                yield step, name, kind
+
+    if limit is None:
+        return sorted(steps(), reverse=True), total
+    return heapq.nlargest(limit, steps()), total
+
+
+def scan_newest_first(store: CheckpointStore, limits: ScanLimits | None = None) -> Iterator[Verdict]:
     """Verdicts from the newest step directory back; stop consuming once you have what you need."""
-    for _, name in reversed(step_dirs(store)):
-        yield check_step(store, name)
+    limits = limits or UNBOUNDED_SCAN
+    entries, _ = newest_step_entries(store, limits.max_steps)
+    for step, name, kind in entries:
+        if kind == "symlink":
+            yield Verdict(step, store.join(name), False, "the step directory is a symlink (not followed)")
+        else:
+            yield check_step(store, name, limits.metadata)
 
 
 def latest_complete(store: CheckpointStore) -> Verdict | None:
@@ -179,27 +465,119 @@ def latest_complete(store: CheckpointStore) -> Verdict | None:
 
 
 @dataclass(frozen=True)
+class ScanLimits:
+    """How much of a root one discovery looks at, and how much of what it skipped it reports."""
+
+    max_steps: int | None = 32  # only the newest K step directories are examined
+    max_skipped: int = 5  # skipped verdicts kept in the Listing (all are counted)
+    metadata: dcp_metadata.Limits = field(default_factory=dcp_metadata.Limits)
+
+
+DEFAULT_SCAN = ScanLimits()
+UNBOUNDED_SCAN = ScanLimits(max_steps=None, max_skipped=1 << 30)
+
+
+@dataclass(frozen=True)
 class Listing:
-    """What discovery reports to the operator's core: the newest complete checkpoint and what was skipped."""
+    """What discovery reports to the operator's core: the newest complete checkpoint and what was skipped.
+
+    `error` with `missing=False`: the job must not (re)start; `reason` names why in CamelCase.
+    `skipped` keeps the first few skipped verdicts; `skipped_total` counts them all; `unexamined` is
+    the number of older step directories beyond the scan limit that were not looked at.
+    """
 
     root: str
     latest: Verdict | None
     skipped: tuple[Verdict, ...] = ()
     error: str | None = None
     missing: bool = False
+    reason: str | None = None
+    skipped_total: int = 0
+    unexamined: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: how a Listing crosses the sandbox's process boundary."""
+        return {
+            "root": self.root, "latest": _verdict_dict(self.latest),
+            "skipped": [_verdict_dict(v) for v in self.skipped],
+            "error": self.error, "missing": self.missing, "reason": self.reason,
+            "skipped_total": self.skipped_total, "unexamined": self.unexamined,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Listing:
+        """The inverse of `to_dict`, checking every type (raises ValueError on anything else)."""
+        if not isinstance(data, dict):
+            raise ValueError("a listing must be an object")
+        latest = data.get("latest")
+        skipped = data.get("skipped")
+        if not isinstance(skipped, list):
+            raise ValueError("listing.skipped must be a list")
+        return cls(
+            root=_typed(data.get("root"), str),
+            latest=None if latest is None else _verdict(latest),
+            skipped=tuple(_verdict(v) for v in skipped),
+            error=_typed(data.get("error"), str, optional=True),
+            missing=_typed(data.get("missing"), bool),
+            reason=_typed(data.get("reason"), str, optional=True),
+            skipped_total=_typed(data.get("skipped_total"), int),
+            unexamined=_typed(data.get("unexamined"), int),
+        )
 
 
-def discover(uri: str) -> Listing:
-    """Find the latest complete checkpoint under a root; storage errors become `Listing.error`."""
+def _typed(value: Any, kind: type, optional: bool = False) -> Any:
+    if (value is None and optional) or (type(value) is kind):
+        return value
+    raise ValueError(f"expected {kind.__name__}")
+
+
+def _verdict_dict(v: Verdict | None) -> dict[str, Any] | None:
+    return None if v is None else {"step": v.step, "path": v.path, "complete": v.complete, "reason": v.reason}
+
+
+def _verdict(data: Any) -> Verdict:
+    if not isinstance(data, dict):
+        raise ValueError("a verdict must be an object")
+    return Verdict(_typed(data.get("step"), int), _typed(data.get("path"), str), _typed(data.get("complete"), bool),
+                   _typed(data.get("reason"), str))  # fmt: skip
+
+
+def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCAN) -> Listing:
+    """Find the latest complete checkpoint under a root. Never raises: every failure is `Listing.error`.
+
+    With `area` (the operator always passes its namespace's area), a root outside it is refused
+    before any filesystem access, and the root's path below the area must hold no symlink.
+    """
+    store: CheckpointStore | None = None
     try:
-        store = open_store(uri)
-        skipped: list[Verdict] = []
-        for verdict in scan_newest_first(store):
-            if verdict.complete:
-                return Listing(uri, verdict, tuple(skipped))
-            skipped.append(verdict)
-        return Listing(uri, None, tuple(skipped))
+        store = open_store(uri) if area is None else open_root(uri, area)
+        return _scan(store, uri, limits)
     except RootMissing as exc:
-        return Listing(uri, None, (), str(exc), missing=True)
+        return Listing(uri, None, (), str(exc), missing=True, reason=exc.reason)
     except StorageError as exc:
-        return Listing(uri, None, (), str(exc))
+        return Listing(uri, None, (), str(exc), reason=exc.reason)
+    except MemoryError:
+        return Listing(uri, None, (), "checkpoint discovery ran out of memory", reason=REASON_DISCOVERY_FAILED)
+    except Exception as exc:  # RecursionError, OSError from a strange filesystem, ...: a reason, not a crash
+        return Listing(uri, None, (), f"checkpoint discovery failed ({type(exc).__name__})",
+                       reason=REASON_DISCOVERY_FAILED)  # fmt: skip
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _scan(store: CheckpointStore, uri: str, limits: ScanLimits) -> Listing:
+    entries, total = newest_step_entries(store, limits.max_steps)
+    skipped: list[Verdict] = []
+    count = 0
+    for step, name, kind in entries:
+        if kind == "symlink":
+            verdict = Verdict(step, store.join(name), False, "the step directory is a symlink (not followed)")
+        else:
+            verdict = check_step(store, name, limits.metadata)
+        if verdict.complete:
+            return Listing(uri, verdict, tuple(skipped), skipped_total=count)
+        count += 1
+        if len(skipped) < limits.max_skipped:
+            skipped.append(verdict)
+    return Listing(uri, None, tuple(skipped), skipped_total=count, unexamined=total - len(entries))

@@ -75,3 +75,86 @@ message is for charts embedded as a subchart with schema checks skipped).
     type: Directory
 {{- end }}
 {{- end }}
+
+{{/*
+The operator's rights on namespaced objects: in the ClusterRole when every namespace is watched, in a
+Role per namespace when watchNamespaces is set. Every verb is something the operator does.
+*/}}
+{{- define "rto.namespacedRules" -}}
+# The jobs: kopf watches them (list + watch), and the operator reads a fresh copy (get) before it
+# decides. It never changes a job's spec.
+- apiGroups: ["training.resilient.dev"]
+  resources: ["resilienttrainingjobs"]
+  verbs: ["get", "list", "watch"]
+# Status: the operator is the only writer of a job's status (one patch per reconcile).
+- apiGroups: ["training.resilient.dev"]
+  resources: ["resilienttrainingjobs/status"]
+  verbs: ["get", "patch"]
+# Worker pods: create a gang; delete (force-delete on lost nodes) to fence a broken attempt; list by
+# job label for a fresh view after an operator restart; watch for failures; get one pod.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# The headless rendezvous Service of each job (created once, owned by the job; garbage-collected
+# with it, so no delete).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create"]
+# Events on the jobs, so `kubectl describe rtj` tells the story (node lost, restarted 4 -> 3
+# from step N); kopf posts its own handler events through the core API.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# The attempt's PodDisruptionBudget (maxUnavailable 0): `kubectl drain` waits while the operator stops
+# the whole gang gracefully itself, instead of evicting rank by rank. Created with each attempt, deleted
+# when the next one starts or the job ends (owned by the job, so garbage-collected with it too).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "delete"]
+{{- end }}
+
+{{/*
+A memory quantity in bytes ("1536Mi", "2Gi", "1610612736"), or "" for a form this check does not read
+(then the check is skipped; Kubernetes still validates the quantity).
+*/}}
+{{- define "rto.quantityBytes" -}}
+{{- $q := toString . }}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]+)?" $q }}
+{{- $units := dict "" 1.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 }}
+{{- $suffix := trimPrefix $num $q }}
+{{- if and $num (hasKey $units $suffix) }}
+{{- mulf (float64 $num) (get $units $suffix) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Cross-value checks the schema cannot express; the render fails with the reason.
+- The memory limit holds the operator (budgeted at 256 MiB) plus every discovery worker at its
+  address-space limit: a worker that hits RLIMIT_AS fails alone, but workers that together exceed the
+  container's limit would get the operator itself OOM-killed.
+- A .metadata file is read whole and unpickled inside a worker: the size cap must leave the worker
+  room (at most a quarter of its memory).
+- Every namespace storage area lies under the checkpoint mount.
+*/}}
+{{- define "rto.validate" -}}
+{{- $d := .Values.discovery }}
+{{- $workerBytes := float64 $d.workerMemoryBytes }}
+{{- with (.Values.resources.limits | default dict).memory }}
+{{- $limit := include "rto.quantityBytes" . }}
+{{- if $limit }}
+{{- $need := addf 268435456.0 (mulf (float64 $d.workers) $workerBytes) }}
+{{- if lt (float64 $limit) $need }}
+{{- fail (printf "resources.limits.memory (%v) must be at least 256Mi + discovery.workers (%v) x discovery.workerMemoryBytes (%v) = %.0f bytes" . $d.workers (int64 $d.workerMemoryBytes) $need) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if gt (mulf (float64 $d.metadataMaxBytes) 4.0) $workerBytes }}
+{{- fail (printf "discovery.metadataMaxBytes (%v) must be at most a quarter of discovery.workerMemoryBytes (%v)" (int64 $d.metadataMaxBytes) (int64 $d.workerMemoryBytes)) }}
+{{- end }}
+{{- $mount := trimSuffix "/" .Values.checkpointStorage.mountPath }}
+{{- range $ns, $area := .Values.checkpointStorage.namespaceAreas }}
+{{- if not (hasPrefix (printf "%s/" $mount) $area) }}
+{{- fail (printf "checkpointStorage.namespaceAreas.%s (%s) must lie under checkpointStorage.mountPath (%s)" $ns $area $mount) }}
+{{- end }}
+{{- end }}
+{{- end }}

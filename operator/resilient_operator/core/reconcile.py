@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from resilient_contract import completion
+from resilient_contract import completion, layout
 from resilient_contract.layout import Listing, Verdict, step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import (
@@ -56,6 +56,16 @@ FENCE_RECHECK_SECONDS = 5.0
 CAPACITY_RECHECK_SECONDS = 30.0
 ACTIVE = (c.STARTING, c.RUNNING)
 DEFAULT_CONFIG = OperatorConfig()
+# What a user should do about a checkpoint root discovery refused, by the reason it gave.
+_STORAGE_ADVICE = {
+    layout.REASON_ROOT_OUTSIDE_AREA: "no pods are created; set spec.checkpoint.root inside the namespace's area",
+    layout.REASON_INVALID_ROOT: "no pods are created; spec.checkpoint.root must be a plain absolute path",
+    layout.REASON_ROOT_SYMLINK: "no pods are created; spec.checkpoint.root must not pass through a symlink",
+    layout.REASON_DISCOVERY_TIMED_OUT: "reading the checkpoint root took too long (a hung volume, or a file that "
+    "is too costly to check); it is retried, and the job does not restart from scratch meanwhile",
+    layout.REASON_DISCOVERY_FAILED: "checking the checkpoint root failed (a file too large or malformed to "
+    "check within the operator's limits); it is retried, and the job does not restart from scratch meanwhile",
+}
 
 
 class _Ctx:
@@ -184,10 +194,11 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
 def _observe_checkpoints(ctx: _Ctx) -> None:
     listing, st = ctx.listing, ctx.status
     if listing.error and not listing.missing:
-        if ctx.condition(c.COND_STORAGE, False, c.REASON_STORAGE_UNREADABLE,
-                         f"{listing.error}; the job will not restart until the checkpoint root is readable "
-                         "by the operator (check the volume mount and its permissions)"):
-            ctx.event("Warning", c.REASON_STORAGE_UNREADABLE, listing.error)
+        reason = listing.reason or c.REASON_STORAGE_UNREADABLE
+        advice = _STORAGE_ADVICE.get(reason, "the job will not restart until the checkpoint root is readable by "
+                                     "the operator (check the volume mount and its permissions)")
+        if ctx.condition(c.COND_STORAGE, False, reason, f"{listing.error}; {advice}"):
+            ctx.event("Warning", reason, listing.error)
         ctx.plan.look_again(STORAGE_RETRY_SECONDS)
         return
     if listing.missing and st.get("latestCheckpoint"):

@@ -1,0 +1,214 @@
+"""What the simulated kubelet reads out of a pod spec (pure: no root, no cluster)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from e2e.localcluster import podspec
+
+TABLE = {"resilient-training-trainer": {"command": ["rtj-launch", "--"], "args": ["-m", "tiny"], "user": 1000,
+                                        "group": 1000},
+         "python": ["python"]}
+
+
+def pod(**spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "w-0", "namespace": "ns1", "uid": "u-1", "labels": {"b": "2", "a": "1"},
+                         "annotations": {"note": "x"}},
+            "spec": {"containers": [{"name": "main", "image": "python:3.11"}], **spec}}
+
+
+def ctx(p: dict[str, Any] | None = None) -> podspec.PodContext:
+    return podspec.PodContext(pod=p or pod(), node="node-1", pod_ip="10.100.1.2", host_ip="10.100.1.1",
+                              api_host="10.100.0.1", api_port=6443, python_bin_dir="/venv/bin",
+                              image_entrypoints=TABLE)
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+CM = {("configmaps", "cfg"): {"data": {"A": "from-cm", "B": "b"}}}
+SECRET = {("secrets", "creds"): {"data": {"TOKEN": b64("s3cret")}}}
+
+
+@pytest.mark.parametrize(("value", "env", "expected"), [
+    ("$(A)-$(B)", {"A": "1", "B": "2"}, "1-2"),
+    ("$(MISSING)", {}, "$(MISSING)"),       # unknown names stay as written
+    ("$$(A)", {"A": "1"}, "$(A)"),          # $$ escapes
+    ("$(A", {"A": "1"}, "$(A"),             # unterminated
+    ("plain", {}, "plain"),
+])
+def test_expand(value: str, env: dict[str, str], expected: str) -> None:
+    assert podspec.expand(value, env) == expected
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("metadata.name", "w-0"), ("metadata.namespace", "ns1"), ("metadata.uid", "u-1"),
+    ("spec.nodeName", "node-1"), ("status.podIP", "10.100.1.2"), ("status.hostIP", "10.100.1.1"),
+    ("metadata.labels", 'a="1"\nb="2"'), ("metadata.labels['b']", "2"), ("metadata.annotations['note']", "x"),
+    ("metadata.labels['absent']", ""),
+])
+def test_downward_api_fields(path: str, expected: str) -> None:
+    assert podspec.field_value(ctx(), path) == expected
+
+
+def test_unsupported_field_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="unsupported fieldRef"):
+        podspec.field_value(ctx(), "status.phase")
+
+
+def test_env_in_kubelet_order_with_service_variables_and_value_from() -> None:
+    c = {"name": "main", "resources": {"limits": {"cpu": "2"}},
+         "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CM_"}],
+         "env": [{"name": "A", "value": "plain"},
+                 {"name": "B", "value": "$(A)/$(CM_A)/$(KUBERNETES_SERVICE_HOST)"},
+                 {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                 {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                 {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+                 {"name": "T", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "TOKEN"}}},
+                 {"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "B"}}}]}
+    env = podspec.container_env(ctx(), c, {**CM, **SECRET})
+    assert env["PATH"].startswith("/venv/bin:") and env["HOSTNAME"] == "w-0"
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.100.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["CM_A"] == "from-cm" and env["B"] == "plain/from-cm/10.100.0.1"
+    assert (env["POD"], env["CPU"], env["MEM"], env["T"], env["K"]) == ("w-0", "2", "0", "s3cret", "b")
+    assert podspec.container_references(c) == {("configmaps", "cfg"), ("secrets", "creds")}
+
+
+@pytest.mark.parametrize("env_entry", [
+    {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k"}}},
+    {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "nokey"}}},
+    {"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}},
+])
+def test_missing_required_reference_is_a_config_error_optional_is_skipped(env_entry: dict[str, Any]) -> None:
+    with pytest.raises(podspec.MissingReference):
+        podspec.container_env(ctx(), {"name": "m", "env": [env_entry]}, CM)
+    ref = next(iter(env_entry["valueFrom"].values()))
+    ref["optional"] = True
+    assert "X" not in podspec.container_env(ctx(), {"name": "m", "env": [env_entry]}, CM)
+
+
+def test_env_from_a_missing_optional_secret_adds_nothing() -> None:
+    c = {"name": "m", "envFrom": [{"secretRef": {"name": "nope", "optional": True}}]}
+    assert not {k for k in podspec.container_env(ctx(), c, {}) if k.startswith("TOKEN")}
+    with pytest.raises(podspec.MissingReference):
+        podspec.container_env(ctx(), {"name": "m", "envFrom": [{"secretRef": {"name": "nope"}}]}, {})
+
+
+@pytest.mark.parametrize(("container", "expected"), [
+    ({"image": "x", "command": ["sh", "-c"], "args": ["echo $(A)"]}, ["sh", "-c", "echo 1"]),
+    ({"image": "reg/resilient-training-trainer:e2e"}, ["rtj-launch", "--", "-m", "tiny"]),  # ENTRYPOINT + CMD
+    ({"image": "reg/resilient-training-trainer:e2e", "args": ["-m", "other"]},
+     ["rtj-launch", "--", "-m", "other"]),                                               # args replace CMD
+    ({"image": "reg/resilient-training-trainer:e2e", "command": ["python"]}, ["python"]),  # command drops CMD
+    ({"image": "python:3.11", "args": ["-c", "pass"]}, ["python", "-c", "pass"]),
+])
+def test_command_and_args_against_the_image(container: dict[str, Any], expected: list[str]) -> None:
+    assert podspec.container_argv(container, {"A": "1"}, TABLE) == expected
+
+
+def test_no_command_and_no_mapped_image_is_err_image_pull() -> None:
+    with pytest.raises(podspec.NoEntrypoint):
+        podspec.container_argv({"image": "ghcr.io/unknown:1"}, {}, TABLE)
+
+
+def test_longest_image_substring_wins() -> None:
+    table = {"python": ["python"], "python-special": ["special"]}
+    assert podspec.image_defaults("reg/python-special:1", table) == {"command": ["special"]}
+
+
+def test_security_context_image_user_and_overrides() -> None:
+    trainer = {"name": "m", "image": "resilient-training-trainer"}
+    out, env = podspec.security_context(pod(securityContext={"fsGroup": 7, "supplementalGroups": [5]}), trainer,
+                                        TABLE, keep=("/repo", "/venv", "/repo"), expose=("/usr",))
+    assert out["user"] == {"uid": 1000, "gid": 1000, "groups": [5, 7]} and out["expose"] == ["/usr"]
+    assert out["keep"] == ["/repo", "/venv"] and env == {"HOME": "/"}
+    root, env = podspec.security_context(pod(), {"name": "m", "image": "python", "securityContext": {
+        "readOnlyRootFilesystem": True}}, TABLE, keep=(), expose=())
+    assert "user" not in root and root["readOnlyRootFilesystem"] and env == {}
+    own_home = {**trainer, "env": [{"name": "HOME", "value": "/h"}], "securityContext": {"runAsUser": 5}}
+    out, env = podspec.security_context(pod(), own_home, TABLE, keep=(), expose=())
+    assert out["user"]["uid"] == 5 and env == {}
+
+
+def test_volume_kinds_and_files() -> None:
+    assert podspec.volume_kind({"name": "a", "emptyDir": {}}) == "emptyDir"
+    assert podspec.volume_kind({"name": "a", "persistentVolumeClaim": {"claimName": "c"}}) == "persistentVolumeClaim"
+    with pytest.raises(RuntimeError, match="unsupported source"):
+        podspec.volume_kind({"name": "a", "iscsi": {}})
+    cm = {"name": "v", "configMap": {"name": "cfg", "items": [{"key": "A", "path": "sub/a.txt"}]}}
+    assert podspec.volume_files(ctx(), cm, CM, {}) == {"sub/a.txt": b"from-cm"}
+    secret = {"name": "v", "secret": {"secretName": "creds"}}
+    assert podspec.volume_files(ctx(), secret, SECRET, {}) == {"TOKEN": b"s3cret"}
+    assert podspec.volume_files(ctx(), {"name": "v", "secret": {"secretName": "no", "optional": True}}, {}, {}) == {}
+    with pytest.raises(podspec.MissingReference):
+        podspec.volume_files(ctx(), {"name": "v", "configMap": {"name": "no"}}, {}, {})
+
+
+def test_projected_service_account_volume() -> None:
+    vol = {"name": "kube-api-access", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}
+    assert podspec.token_requests(vol) == {(None, 3607)}
+    assert podspec.volume_references(vol) == {("configmaps", "kube-root-ca.crt")}
+    objects = {("configmaps", "kube-root-ca.crt"): {"data": {"ca.crt": "PEM"}}}
+    files = podspec.volume_files(ctx(), vol, objects, {(None, 3607): "tok"})
+    assert files == {"token": b"tok", "ca.crt": b"PEM", "namespace": b"ns1"}
+
+
+def test_pv_host_path() -> None:
+    assert podspec.pv_host_path({"metadata": {"name": "pv"}, "spec": {"local": {"path": "/d"}}}) == "/d"
+    with pytest.raises(RuntimeError, match="no hostPath"):
+        podspec.pv_host_path({"metadata": {"name": "pv"}, "spec": {"nfs": {}}})
+
+
+def test_hosts_and_resolv() -> None:
+    p = pod(hostname="w0", subdomain="job")
+    hosts = podspec.hosts_file(ctx(p), ["10.100.2.2\tw1.job.ns1.svc.cluster.local"]).splitlines()
+    assert "10.100.1.2\tw0.job.ns1.svc.cluster.local w0" in hosts
+    assert hosts[3].startswith("10.100.0.1\tkubernetes ") and hosts[-1].startswith("10.100.2.2\t")
+    assert podspec.resolv_conf("ns1").startswith("search ns1.svc.cluster.local svc.cluster.local")
+
+
+def _peer(name: str, ns: str, ready: bool, **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, **extra},
+            "spec": {"hostname": name, "subdomain": "job"},
+            "status": {"podIP": f"10.100.1.{len(name)}",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_dns_records_like_coredns_for_headless_services() -> None:
+    svc = {"metadata": {"name": "job", "namespace": "ns1"}, "spec": {"clusterIP": "None"}}
+    pods = [_peer("ready", "ns1", True), _peer("notready", "ns1", False),
+            _peer("going", "ns1", True, deletionTimestamp="t"), _peer("other", "ns2", True)]
+    lines = podspec.dns_records(pods, [svc], "ns1")
+    assert lines == ["10.100.1.5\tready.job.ns1.svc.cluster.local ready.job.ns1.svc ready.job.ns1 ready.job"]
+    assert podspec.dns_records(pods, [svc], "ns9")[0].endswith("ready.job.ns1")  # no short name across namespaces
+    published = {**svc, "spec": {"clusterIP": "None", "publishNotReadyAddresses": True}}
+    assert len(podspec.dns_records(pods, [published], "ns1")) == 2
+
+
+def test_pod_ips_per_node_and_reuse_after_reboot() -> None:
+    mine = podspec.node_pod_ips(100, 3)
+    assert mine[0] == "10.100.3.2" and mine[-1] == "10.100.3.254" and len(mine) == 253
+    assert podspec.pick_pod_ip({"status": {"podIP": "10.100.3.9"}}, mine, {"10.100.3.9"}) == "10.100.3.9"
+    assert podspec.pick_pod_ip({"status": {"podIP": "10.100.4.9"}}, mine, {"10.100.3.2"}) == "10.100.3.3"
+    with pytest.raises(RuntimeError, match="out of pod IPs"):
+        podspec.pick_pod_ip({}, mine, set(mine))
+
+
+@pytest.mark.parametrize(("policy", "code", "restart"), [
+    ("Always", 0, True), ("OnFailure", 0, False), ("OnFailure", 1, True), ("Never", 1, False)])
+def test_restart_policy(policy: str, code: int, restart: bool) -> None:
+    assert podspec.should_restart(policy, code) is restart
+
+
+def test_exit_codes_and_probe_ports() -> None:
+    assert (podspec.exit_code(-9), podspec.exit_code(3)) == (137, 3)
+    c = {"ports": [{"name": "http", "containerPort": 8080}]}
+    assert podspec.probe_port({"httpGet": {"port": "http"}}, c) == 8080
+    assert podspec.probe_port({"tcpSocket": {"port": 99}}, c) == 99

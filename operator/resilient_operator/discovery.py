@@ -1,0 +1,369 @@
+"""Checkpoint discovery in a sandbox: worker processes with resource limits and a wall-clock deadline.
+
+Checkpoint roots are written by user pods, so `layout.discover` never runs in the operator's address
+space. A small pool of workers, each a fresh interpreter (`python -P -m resilient_operator.discovery`,
+exec'd, never a fork of the threaded operator) that imports only the torch-free contracts, sets its
+own RLIMIT_AS (memory), RLIMIT_CPU (per call), RLIMIT_CORE and RLIMIT_FSIZE (zero), then serves one
+request at a time over its stdin/stdout as JSON lines. The answer is a plain-data `Listing`
+(`Listing.to_dict`): no pickle crosses the boundary, and the operator reads at most 1 MiB of it.
+
+A call that overruns its deadline gets `DiscoveryTimedOut`, and its worker is killed and replaced; a
+worker that dies (CPU limit, OOM kill) gives `DiscoveryFailed`. Either way the root is not tried again
+for a cooldown (six deadlines) and the same answer is returned at once, so a handful of hostile jobs
+cannot keep every worker busy: a healthy job waits at most one deadline for a free worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from resilient_contract import dcp_metadata, layout
+from resilient_operator.settings import DiscoverySettings
+
+log = logging.getLogger(__name__)
+
+MAX_RESPONSE_BYTES = 1 << 20
+MAX_REQUEST_BYTES = 1 << 16
+MAX_ROOT_CHARS = 4096
+RECYCLE_RSS_BYTES = 128 * 1024 * 1024  # a worker that still holds this much is replaced after answering
+COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retried for this many deadlines
+MAX_COOLDOWN_ENTRIES = 4096
+
+
+def _failed(root: str, reason: str, message: str) -> layout.Listing:
+    return layout.Listing(root, None, (), message, reason=reason)
+
+
+@dataclass
+class _Worker:
+    proc: subprocess.Popen[bytes]
+    calls: int = 0
+
+
+@dataclass
+class DiscoveryPool:
+    """Runs `layout.discover` for (root, namespace) in sandboxed workers; thread-safe; never raises."""
+
+    config: DiscoverySettings
+    prefix: tuple[str, ...] = ()  # a command to start workers under (e.g. setpriv dropping capabilities)
+    _slots: queue.Queue[_Worker | None] = field(default_factory=queue.Queue, init=False)
+    _cooldown: dict[tuple[str, str], tuple[float, layout.Listing]] = field(default_factory=dict, init=False)
+    _dying: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
+        for _ in range(self.config.workers):
+            self._slots.put(None)  # spawned on first use
+
+    # ---- the call ------------------------------------------------------------------------------
+    def discover(self, root: str, namespace: str) -> layout.Listing:
+        """The root's Listing, within about one deadline (two if every worker was busy)."""
+        area = self.config.area_for(namespace)
+        if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
+            return _failed(str(root)[:200], layout.REASON_INVALID_ROOT, "checkpoint root is too long")
+        key = (root, area)
+        timeout = self.config.timeout_seconds
+        with self._lock:
+            held = self._cooldown.get(key)
+            if held and held[0] > time.monotonic():
+                return held[1]
+        try:
+            worker = self._slots.get(timeout=timeout)
+        except queue.Empty:
+            return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
+                           f"every checkpoint discovery worker stayed busy for {timeout:g} s "
+                           "(other roots are slow); discovery will be retried")  # fmt: skip
+        try:
+            listing, worker = self._call(worker, root, area)
+        finally:
+            self._slots.put(worker)
+        if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
+            self._hold(key, listing)
+        return listing
+
+    def _hold(self, key: tuple[str, str], listing: layout.Listing) -> None:
+        pause = COOLDOWN_DEADLINES * self.config.timeout_seconds
+        held = layout.Listing(listing.root, None, (), f"{listing.error}; not retried for {pause:g} s",
+                              reason=listing.reason)  # fmt: skip
+        now = time.monotonic()
+        with self._lock:
+            if len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
+                for stale in [k for k, (until, _) in self._cooldown.items() if until <= now]:
+                    del self._cooldown[stale]
+                while len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
+                    del self._cooldown[next(iter(self._cooldown))]
+            self._cooldown[key] = (now + pause, held)
+
+    def _call(self, worker: _Worker | None, root: str, area: str) -> tuple[layout.Listing, _Worker | None]:
+        self._reap()
+        request = json.dumps({"root": root, "area": area}).encode() + b"\n"
+        reused = worker is not None and worker.proc.poll() is None
+        if not reused:
+            worker = self._spawn()
+        if worker is None:
+            return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
+        line = self._exchange(worker, request)
+        if line == b"" and reused:
+            # An idle worker can die for reasons of its own (killed between calls): one fresh try.
+            self._kill(worker)
+            worker = self._spawn()
+            if worker is None:
+                return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
+            line = self._exchange(worker, request)
+        if line is None:
+            self._kill(worker)
+            return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
+                           f"checkpoint discovery took longer than {self.config.timeout_seconds:g} s "
+                           "(slow or hanging storage?)"), None  # fmt: skip
+        if not line:
+            why = _death(worker.proc)
+            self._kill(worker)
+            return _failed(root, layout.REASON_DISCOVERY_FAILED, f"the checkpoint discovery worker {why}"), None
+        try:
+            answer = json.loads(line)
+            listing = layout.Listing.from_dict(answer["listing"])
+            recycle = bool(answer.get("recycle"))
+        except (ValueError, KeyError, TypeError):
+            self._kill(worker)
+            return _failed(root, layout.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"), None
+        if recycle:
+            self._retire(worker)
+            return listing, None
+        return listing, worker
+
+    def _exchange(self, worker: _Worker, request: bytes) -> bytes | None:
+        """Send one request; the answer line, b"" if the worker died, None past the deadline."""
+        deadline = time.monotonic() + self.config.timeout_seconds
+        worker.calls += 1
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write(request)
+            worker.proc.stdin.flush()
+            return _read_line(worker.proc, deadline)
+        except OSError:  # BrokenPipeError: it died before reading
+            return b""
+
+    # ---- workers -------------------------------------------------------------------------------
+    def _spawn(self) -> _Worker | None:
+        cpu = int(self.config.timeout_seconds) + 2
+        command = [*self.prefix, sys.executable, "-P", "-m", "resilient_operator.discovery", "--worker",
+                   "--memory-bytes", str(self.config.memory_bytes), "--cpu-seconds", str(cpu),
+                   "--metadata-max-bytes", str(self.config.metadata_max_bytes),
+                   "--max-steps", str(self.config.max_steps)]  # fmt: skip
+        try:
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", close_fds=True,
+                                    bufsize=0)  # fmt: skip
+        except OSError:
+            log.exception("cannot start a checkpoint discovery worker")
+            return None
+        return _Worker(proc)
+
+    def _kill(self, worker: _Worker) -> None:
+        """SIGKILL; a worker stuck in the kernel (hung NFS) dies later and is reaped then."""
+        with contextlib.suppress(OSError):
+            worker.proc.kill()
+        _close_pipes(worker.proc)
+        try:
+            worker.proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            with self._lock:
+                self._dying.append(worker.proc)
+
+    def _retire(self, worker: _Worker) -> None:
+        _close_pipes(worker.proc)  # EOF on stdin: the worker exits on its own
+        try:
+            worker.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self._kill(worker)
+
+    def _reap(self) -> None:
+        with self._lock:
+            self._dying = [p for p in self._dying if p.poll() is None]
+
+    def warm(self) -> None:
+        """Start every worker now, so the first reconciles do not pay for interpreter start-up."""
+        slots = []
+        while True:
+            try:
+                slots.append(self._slots.get_nowait())
+            except queue.Empty:
+                break
+        for worker in slots:
+            self._slots.put(worker if worker is not None and worker.proc.poll() is None else self._spawn())
+
+    def pids(self) -> list[int]:
+        """Process ids of the idle workers (for tests and metrics)."""
+        with self._slots.mutex:
+            return [w.proc.pid for w in self._slots.queue if w is not None]
+
+    def close(self) -> None:
+        while True:
+            try:
+                worker = self._slots.get_nowait()
+            except queue.Empty:
+                break
+            if worker is not None:
+                self._retire(worker)
+        self._reap()
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:
+            pass
+
+
+def _read_line(proc: subprocess.Popen[bytes], deadline: float) -> bytes | None:
+    """One answer line; b"" if the worker died, None past the deadline. Reads at most 1 MiB."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b""
+        buf += chunk
+        if b"\n" in chunk:
+            return bytes(buf.split(b"\n", 1)[0])
+        if len(buf) > MAX_RESPONSE_BYTES:
+            return b""
+
+
+def _death(proc: subprocess.Popen[bytes]) -> str:
+    try:
+        code = proc.wait(timeout=0.5)
+    except subprocess.TimeoutExpired:
+        return "stopped answering"
+    if code == -signal.SIGXCPU:
+        return "used up its CPU-time limit"
+    if code == -signal.SIGKILL:
+        return "was killed (out of memory?)"
+    return f"exited unexpectedly (status {code})"
+
+
+# ---- the operator-wide pool ---------------------------------------------------------------------
+_pool: DiscoveryPool | None = None
+_pool_lock = threading.Lock()
+
+
+def start(config: DiscoverySettings) -> DiscoveryPool:
+    """Create (or replace) the operator's pool and start its workers."""
+    global _pool
+    with _pool_lock:
+        old, _pool = _pool, DiscoveryPool(config)
+        pool = _pool
+    if old is not None:
+        old.close()
+    pool.warm()
+    return pool
+
+
+def shutdown() -> None:
+    global _pool
+    with _pool_lock:
+        old, _pool = _pool, None
+    if old is not None:
+        old.close()
+
+
+def discover(root: str, namespace: str) -> layout.Listing:
+    """The operator's entry point: the pool from `start`, or one built from the environment on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = DiscoveryPool(DiscoverySettings.from_environ())
+        pool = _pool
+    return pool.discover(root, namespace)
+
+
+# ---- the worker side ----------------------------------------------------------------------------
+def _limit(which: int, soft: int, hard: int | None = None) -> None:
+    """Set a limit, never asking for more than the current hard limit (an unprivileged process cannot)."""
+    infinity = resource.RLIM_INFINITY
+    _, current = resource.getrlimit(which)
+    hard = current if hard is None else hard
+    if current != infinity:
+        hard = current if hard == infinity else min(hard, current)
+    if hard != infinity:
+        soft = min(soft, hard)
+    resource.setrlimit(which, (soft, hard))
+
+
+def _cpu_used() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _current_rss() -> int:
+    """Resident bytes now (ru_maxrss would include the pre-exec parent's pages on Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) -> None:
+    """Answer one JSON request line at a time until EOF. Runs inside the worker process."""
+    while True:
+        line = stdin.readline(MAX_REQUEST_BYTES)
+        if not line:
+            return
+        _limit(resource.RLIMIT_CPU, int(_cpu_used()) + cpu_seconds)  # per call: SIGXCPU past it
+        try:
+            request = json.loads(line)
+            listing = layout.discover(str(request["root"]), str(request["area"]), limits)
+        except MemoryError:
+            listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
+        except Exception:
+            listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "the discovery worker got a malformed request")
+        rss = _current_rss()
+        recycle = rss > RECYCLE_RSS_BYTES or listing.reason == layout.REASON_DISCOVERY_FAILED
+        stdout.write(json.dumps({"listing": listing.to_dict(), "recycle": recycle}).encode() + b"\n")
+        stdout.flush()
+        if recycle:
+            return
+
+
+def worker_main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="checkpoint discovery worker (started by the operator)")
+    parser.add_argument("--worker", action="store_true", required=True)
+    parser.add_argument("--memory-bytes", type=int, required=True)
+    parser.add_argument("--cpu-seconds", type=int, required=True)
+    parser.add_argument("--metadata-max-bytes", type=int, required=True)
+    parser.add_argument("--max-steps", type=int, required=True)
+    args = parser.parse_args(argv)
+    _limit(resource.RLIMIT_CORE, 0, 0)
+    _limit(resource.RLIMIT_FSIZE, 0, 0)
+    _limit(resource.RLIMIT_AS, args.memory_bytes, args.memory_bytes)
+    limits = layout.ScanLimits(max_steps=args.max_steps,
+                               metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
+    serve(sys.stdin.buffer, sys.stdout.buffer, limits, args.cpu_seconds)
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])
