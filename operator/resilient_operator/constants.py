@@ -47,6 +47,7 @@ COND_SPEC_VALID = "SpecValid"
 # Failure kinds and the budgets they spend.
 INFRASTRUCTURE = "Infrastructure"
 APPLICATION = "Application"
+HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
 PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
 
 # Reasons: used in conditions, events, status.lastFailure and history.

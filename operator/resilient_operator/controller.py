@@ -160,6 +160,9 @@ def reconcile_job(kube: Kube, namespace: str, name: str,
         apply(kube, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
+        where = {p.name: p.node_name or "" for p in pods}
+        metrics.record_steps(namespace, name, {(r.pod, where.get(r.pod, "")): r.step_seconds for r in reports
+                                                if r.step_seconds is not None})
         if config and config.bad_node_taint and _newly_blamed(obj.get("status") or {}, plan.status):
             taint_bad_nodes(kube, config, nodes, now)
         for event in plan.events:

@@ -49,10 +49,15 @@ def record_job(namespace: str, job: str, before: Mapping[str, Any], after: Mappi
     if int(gp.get("recoveries", 0)) > int(old.get("recoveries", 0)):
         for stage in STAGES:
             RECOVERY_SECONDS.labels(stage).observe(max(0.0, float(lost.get(stage, 0)) - float(was.get(stage, 0))))
-    for entry in (after.get("progress") or {}).get("pods") or []:
-        if isinstance(entry, Mapping) and entry.get("stepSeconds") is not None:
-            STEP_SECONDS.labels(namespace, job, str(entry.get("pod")), str(entry.get("node", ""))).set(
-                float(entry["stepSeconds"]))
+
+
+def record_steps(namespace: str, job: str, step_seconds: Mapping[tuple[str, str], float]) -> None:
+    """Each pod's reported step time, by (pod, node); pods no longer reporting drop out."""
+    for labels in list(STEP_SECONDS._metrics):
+        if labels[:2] == (namespace, job) and labels[2:] not in step_seconds:
+            STEP_SECONDS.remove(*labels)
+    for (pod, node), seconds in step_seconds.items():
+        STEP_SECONDS.labels(namespace, job, pod, node).set(seconds)
 
 
 def forget_job(namespace: str, job: str) -> None:

@@ -13,6 +13,7 @@ summarises them here. Torch-free: the operator imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from typing import Any
 DIRNAME = "_RTJ_PROGRESS"  # in the checkpoint root; never matches a step directory
 MAX_REPORT_BYTES = 4096
 RANK_DIR_ENV = "RTJ_PROGRESS_DIR"  # set by the launcher for its ranks: a pod-local directory
-HANG_KIND = "RTJ_HUNG"  # termination message kind when the launcher ends a pod for a hang
+TIMEOUT_ENV = "RTJ_PROGRESS_TIMEOUT_SECONDS"  # injected from spec.progressTimeoutSeconds; absent: no watchdog
 
 
 @dataclass(frozen=True)
@@ -119,3 +120,13 @@ def read_ranks(directory: str) -> dict[int, tuple[int, float, float]]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def report_step(step: int, step_seconds: float, now: float, rank: int | None = None) -> None:
+    """A rank's call after each step (no-op outside the launcher): its global rank from $RANK."""
+    directory = os.environ.get(RANK_DIR_ENV)
+    if not directory:
+        return
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    with contextlib.suppress(OSError):  # progress is advisory; never fail a training step over it
+        write_rank(directory, rank, step, step_seconds, now)

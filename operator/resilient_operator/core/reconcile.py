@@ -37,6 +37,7 @@ from resilient_operator.core import (
     health,
     render,
     settle,
+    stragglers,
 )
 from resilient_operator.core.conditions import get_condition, set_condition
 from resilient_operator.core.model import Job, NodeView, OperatorConfig, PodView, Progress
@@ -264,6 +265,8 @@ def _watch_attempt(ctx: _Ctx) -> None:
         ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
     if ctx.phase == c.STARTING:
         _finish_starting(ctx, current, replicas)
+    if ctx.phase == c.RUNNING:
+        stragglers.summarise(ctx.status, ctx.attempt, ctx.progress, current, ctx.now)
     if ctx.phase == c.RUNNING and ctx.spec.elastic.grow_back:
         _consider_grow_back(ctx, current)
     for name in {p.node_name for p in current if p.node_name}:
@@ -323,7 +326,7 @@ def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]
     ctx.event("Warning", failure.reason, f"attempt {ctx.attempt} broken{where}: {failure.message}")
     spent = budgets.spend(failure.kind, st["restarts"], ctx.spec.failure)
     if spent.exhausted:
-        _fail(ctx, spent.budget_reason, f"{failure.kind.lower()} restart budget ({spent.limit}) is spent; last "
+        _fail(ctx, spent.budget_reason, f"{spent.key} restart budget ({spent.limit}) is spent; last "
               f"failure: {failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
               "checkpoints are kept")
         return

@@ -10,7 +10,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from resilient_contract import completion, environment
+from resilient_contract import completion, environment, progress
 from resilient_contract.environment import WorkerEnv
 from resilient_contract.layout import Verdict
 from resilient_operator import constants as c
@@ -137,6 +137,8 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
     injected = worker_env(job, attempt, rank, replicas, resume).to_environ()
     # Set explicitly even when empty: a container's env wins over its envFrom, so no ConfigMap can supply it.
     injected.setdefault(environment.RESUME_FROM, "")
+    if job.spec.progress_timeout:  # the launcher's hang watchdog (resilient_contract.progress)
+        injected[progress.TIMEOUT_ENV] = f"{job.spec.progress_timeout:g}"
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") not in injected]
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
