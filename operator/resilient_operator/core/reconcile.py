@@ -235,6 +235,8 @@ def _cluster_disrupted(ctx: _Ctx) -> bool:
 def _suspend(ctx: _Ctx) -> None:
     ctx.fence(ctx.pods)
     if ctx.phase != c.SUSPENDED:
+        if ctx.phase in ACTIVE:  # a stopped gang trains nothing: timed like an interruption
+            goodput.open_recovery(ctx.status, c.SUSPENDED, ctx.now, ctx.now, _reached(ctx))
         ctx.close_history(c.REASON_SUSPENDED)
         ctx.set_phase(c.SUSPENDED)
         ctx.condition(c.COND_RUNNING, False, c.REASON_SUSPENDED, "the job is suspended")
