@@ -69,9 +69,13 @@ def test_slow_but_progressing_is_never_a_hang(tmp_path: Path, monkeypatch: pytes
     assert not killed
 
 
-def test_no_first_step_within_the_timeout_counts_from_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_first_step_counts_from_launch_with_room_for_the_load(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     dog, clock, killed = make(tmp_path, 30, monkeypatch)
-    clock.now = T0 + 31
+    clock.now = T0 + 30 * launch.FIRST_STEP_TIMEOUTS - 1
+    dog.check()
+    assert not killed
+    clock.now = T0 + 30 * launch.FIRST_STEP_TIMEOUTS + 1
     dog.check()
     outcome = completion.read_termination_message(str(tmp_path / "termination-log"))
     assert killed and outcome and outcome.fields["step"] == "40"  # the step it resumed from

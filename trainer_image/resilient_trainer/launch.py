@@ -22,7 +22,8 @@ Progress and hangs (resilient_contract.progress): each rank writes a tiny pod-lo
 ($RTJ_PROGRESS_DIR, set here). A watchdog thread compares them once a second: it rewrites this pod's report
 in the checkpoint root every few seconds (step, slowest rank and its step time: goodput and stragglers for
 the operator, which has no other channel to the workers), and when $RTJ_PROGRESS_TIMEOUT_SECONDS passes
-with some local rank making no step (counted from launch for the first one, so it covers the load), it
+with some local rank making no step (before its first step, FIRST_STEP_TIMEOUTS times the timeout from
+launch: imports, rendezvous, the checkpoint load), it
 writes an RTJ_HUNG termination message naming the last step and the rank that stopped first, kills the
 workers (a rank stuck in a collective never runs a SIGTERM handler) and exits HUNG_EXIT_CODE.
 """
@@ -43,6 +44,8 @@ from resilient_contract import completion, environment, progress
 PREEMPTED_EXIT_CODE = 143
 HUNG_EXIT_CODE = 124  # timeout(1)'s convention; the operator reads the termination message, not this
 REPORT_SECONDS = 3.0  # how often the pod's report in the checkpoint root is rewritten (when steps moved)
+# Before a rank's first step (imports, rendezvous, the checkpoint load) it is allowed this many timeouts.
+FIRST_STEP_TIMEOUTS = 4
 
 
 class Watchdog:
@@ -76,7 +79,8 @@ class Watchdog:
         if self.timeout and self.hung is None:
             first = min(expected, key=lambda r: (steps[r], last[r]))
             stalled = now - last[first]
-            if stalled >= self.timeout:
+            limit = self.timeout if first in ranks else self.timeout * FIRST_STEP_TIMEOUTS
+            if stalled >= limit:
                 self.hung = completion.format_message(
                     completion.HUNG, step=steps[first], rank=first, stalled_s=f"{stalled:.1f}",
                     timeout_s=f"{self.timeout:g}", attempt=self.env.attempt)
