@@ -47,6 +47,8 @@ COND_SPEC_VALID = "SpecValid"
 # Failure kinds and the budgets they spend.
 INFRASTRUCTURE = "Infrastructure"
 APPLICATION = "Application"
+HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
+PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
 
 # Reasons: used in conditions, events, status.lastFailure and history.
 REASON_NODE_LOST = "NodeLost"
@@ -79,7 +81,35 @@ REASON_HEARTBEATS = "HeartbeatsFlowing"
 REASON_FENCED_WRITER = "FencedGangWriting"  # a fenced attempt's cut-off gang saved a checkpoint
 REASON_INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
 REASON_SPEC_OK = "SpecUsable"
+REASON_HANG = "Hang"  # no training step for spec.progressTimeoutSeconds (the launcher ended the pod)
+REASON_AVOID_NODE = "AvoidingNode"  # a node that broke an attempt is left out of the next ones for a while
+REASON_NODE_TAINTED = "TaintedBadNode"  # (opt-in) a node blamed for repeated failures across jobs was tainted
+REASON_DRAIN = "NodeDraining"  # a node of the attempt is cordoned or has a notice taint: planned restart
+REASON_SETTLING = "WaitingForNodes"  # full capacity is seconds away: the launch waits, bounded
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
+
+# Notice taints of well-known termination handlers, checked against their sources:
+# - Kubernetes: `node.kubernetes.io/unschedulable` (node-lifecycle controller, on a cordoned node).
+# - AWS Node Termination Handler (github.com/aws/aws-node-termination-handler, pkg/node/node.go and its
+#   README's TAINT_NODE): `aws-node-termination-handler/spot-itn` (spot interruption notice, 2 minutes),
+#   `.../scheduled-maintenance`, `.../asg-lifecycle-termination`, `.../rebalance-recommendation`.
+# - GKE: `cloud.google.com/impending-node-termination` (GoogleCloudPlatform/k8s-node-termination-handler
+#   and GKE's maintenance handler for GPU VMs, `--taint=cloud.google.com/impending-node-termination::NoSchedule`).
+# - Cluster Autoscaler: `ToBeDeletedByClusterAutoscaler` (the node is being scaled down).
+# - Karpenter: `karpenter.sh/disrupted` (v1) and `karpenter.sh/disruption` (v1beta1, value `disrupting`).
+# Not Azure's `kubernetes.azure.com/scalesetpriority=spot`: it marks every spot node for its whole life,
+# not an imminent eviction (Azure's notice is a Scheduled Event, surfaced by a handler's own taint if any).
+DEFAULT_DRAIN_TAINTS: tuple[str, ...] = (
+    "node.kubernetes.io/unschedulable",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "cloud.google.com/impending-node-termination",
+    "ToBeDeletedByClusterAutoscaler",
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+)
 
 # The extended resource NVIDIA's device plugin advertises (tests and docs count GPUs by it).
 GPU_RESOURCE = "nvidia.com/gpu"

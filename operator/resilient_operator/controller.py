@@ -10,13 +10,15 @@ import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlparse
 
 from kubernetes.client.exceptions import ApiException
 
-from resilient_contract import layout
+from resilient_contract import layout, progress
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
-from resilient_operator.core import Job, NodeView, Plan, PodView, fencing, reconcile
+from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
+from resilient_operator.core.model import OperatorConfig, Progress
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -56,6 +58,26 @@ def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job,
     return obj, job, pods, nodes, listing
 
 
+def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
+    """The launchers' reports for the pods of the job's current attempt (bounded reads; hostile input)."""
+    root = job.spec.checkpoint_root
+    root = urlparse(root).path if root.startswith("file://") else root
+    attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
+    out = []
+    for pod in pods:
+        if job.problem or pod.attempt != attempt or not root:
+            continue
+        report = progress.read_report(root, pod.name)
+        if report is None or report.attempt != pod.attempt:
+            continue
+        out.append(Progress(pod=pod.name, attempt=report.attempt, step=report.step,
+                            updated=datetime.fromtimestamp(report.time, UTC), step_seconds=report.step_seconds,
+                            slowest_rank=report.slowest_rank,
+                            first_step_at=datetime.fromtimestamp(report.first_step_at, UTC)
+                            if report.first_step_at else None))
+    return out
+
+
 def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
     ns = obj["metadata"]["namespace"]
     for name in plan.force_delete:
@@ -73,6 +95,8 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
                 what = f"{manifest['kind']} {manifest['metadata']['name']}"
                 kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, f"cannot create {what}: {_api_message(exc)}")
             raise
+    for name in plan.release:
+        kube.delete_pdb(ns, name)
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
 
@@ -103,7 +127,26 @@ def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeV
         metrics.TIME_TO_RELAUNCH.observe((now - detected).total_seconds())
 
 
-def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, str | None]:
+def _newly_blamed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    def times(st: dict[str, Any]) -> int:
+        return sum(len(e.get("failureTimes") or []) for e in st.get("badNodes") or [] if isinstance(e, dict))
+
+    return times(after) > times(before)
+
+
+def taint_bad_nodes(kube: Kube, config: OperatorConfig, nodes: dict[str, NodeView], now: datetime) -> None:
+    """Opt-in: taint nodes blamed for repeated failures across jobs (one LIST of jobs, only after a blame)."""
+    assert config.bad_node_taint
+    decisions = badnodes.to_taint(kube.list_job_statuses(), nodes, now, config.bad_node_taint,
+                                  config.bad_node_failures, config.bad_node_window_seconds,
+                                  config.bad_node_max_fraction)
+    for decision in decisions:
+        if kube.taint_node(decision.node, config.bad_node_taint, decision.message):
+            log.warning("tainted node %s: %s", decision.node, decision.message)
+
+
+def reconcile_job(kube: Kube, namespace: str, name: str,
+                  config: OperatorConfig | None = None) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
         observed = observe(kube, namespace, name)
@@ -111,9 +154,17 @@ def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, 
             return None, None
         obj, job, pods, nodes, listing = observed
         now = datetime.now(UTC)
-        plan = reconcile(job, pods, nodes, listing, now)
+        reports = read_progress(job, pods) if not listing.error else []  # only under a root discovery accepted
+        plan = reconcile(job, pods, nodes, listing, now, progress=reports,
+                         config=config or OperatorConfig())
         apply(kube, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
+        metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
+        where = {p.name: p.node_name or "" for p in pods}
+        metrics.record_steps(namespace, name, {(r.pod, where.get(r.pod, "")): r.step_seconds for r in reports
+                                                if r.step_seconds is not None})
+        if config and config.bad_node_taint and _newly_blamed(obj.get("status") or {}, plan.status):
+            taint_bad_nodes(kube, config, nodes, now)
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
         return plan.requeue_after, plan.status.get("phase")

@@ -79,7 +79,8 @@ async def _worker(state: State) -> None:
     while True:
         key = await state.queue.get()
         try:
-            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, *key)
+            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, *key,
+                                                     state.settings.config)
             if phase:
                 _note_phase(state, key, phase)
             state.errors.pop(key, None)
@@ -115,6 +116,7 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) 
         state.capacity_bound.discard(key)
         if key in state.phases:
             metrics.JOBS_BY_PHASE.labels(phase=state.phases.pop(key)).dec()
+        metrics.forget_job(*key)
         return
     if routing.capacity_bound(body.get("spec") or {}, body.get("status") or {}):
         state.capacity_bound.add(key)

@@ -47,6 +47,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.coordination = client.CoordinationV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
         self._nodes_lock = threading.Lock()
         self._nodes_at = 0.0
         self._nodes: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] = ([], {})
@@ -100,6 +101,8 @@ class Kube:
                 self.core.create_namespaced_pod(ns, manifest)  # type: ignore[arg-type]  # the client takes dicts too
             elif manifest["kind"] == "Service":
                 self.core.create_namespaced_service(ns, manifest)  # type: ignore[arg-type]
+            elif manifest["kind"] == "PodDisruptionBudget":
+                self.policy.create_namespaced_pod_disruption_budget(ns, manifest)  # type: ignore[arg-type]
             else:
                 raise ValueError(f"cannot create {manifest['kind']}")
             return True
@@ -114,6 +117,48 @@ class Kube:
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
                                             body=client.V1DeleteOptions(grace_period_seconds=grace))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_job_statuses(self) -> list[dict[str, Any]]:
+        """Every job's status, cluster-wide (only when a failure was blamed on a node, for bad-node tainting)."""
+        try:
+            items = _raw(self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, c.PLURAL,
+                                                                _preload_content=False))
+        except ApiException as exc:  # a namespaced install (watchNamespaces) cannot list cluster-wide
+            log.warning("bad-node tainting needs to list jobs cluster-wide: %s", exc.reason)
+            return []
+        return [item.get("status") or {} for item in items["items"]]
+
+    def taint_node(self, name: str, key: str, message: str) -> bool:
+        """Add `key:NoSchedule` to a node (guarded by its resourceVersion) and say why in an event on it."""
+        node = _raw(self.core.read_node(name, _preload_content=False))
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        if any(t.get("key") == key for t in taints):
+            return False
+        taints.append({"key": key, "value": "repeated-failures", "effect": "NoSchedule"})
+        body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": taints}}
+        self.core.patch_node(name, body)
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace="default"),
+            involved_object=client.V1ObjectReference(api_version="v1", kind="Node", name=name,
+                                                     uid=node["metadata"].get("uid")),
+            reason=c.REASON_NODE_TAINTED, message=message[:1024], type="Warning", count=1,
+            first_timestamp=now, last_timestamp=now, source=client.V1EventSource(component=COMPONENT),
+            reporting_component=COMPONENT, reporting_instance=self.identity,
+        )
+        try:
+            self.core.create_namespaced_event("default", event)
+        except ApiException as exc:
+            log.warning("could not post event %s on node %s: %s", c.REASON_NODE_TAINTED, name, exc.reason)
+        return True
+
+    def delete_pdb(self, namespace: str, name: str) -> None:
+        """Release an attempt's PodDisruptionBudget; one already gone is fine."""
+        try:
+            self.policy.delete_namespaced_pod_disruption_budget(name, namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -85,6 +85,8 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             master_port=int(spec["masterPort"]),
             suspend=bool(spec["suspend"]),
             placement=placement(template),
+            progress_timeout=float(spec["progressTimeoutSeconds"]) if spec.get("progressTimeoutSeconds") else None,
+            bad_node_seconds=float(spec.get("badNodeSeconds", 3600)),
         )
     except SpecProblem:
         raise
@@ -228,11 +230,13 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
     status = obj.get("status") or {}
     disruption = None
     ready = False
+    ready_since = None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             disruption = cond.get("reason") or c.REASON_DISRUPTED
         if cond.get("type") == "Ready" and cond.get("status") == "True":
             ready = True
+            ready_since = timeutil.parse(cond.get("lastTransitionTime"))
     terms: list[Termination] = []
     waiting: list[str] = []
     for cs in status.get("containerStatuses") or []:
@@ -260,6 +264,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         ready=ready,
         owner_uid=controller_uid(meta),
         launch_replicas=_int(annotations.get(c.ANNOTATION_REPLICAS)),
+        ready_since=ready_since,
         launch_resume=LaunchResume(resume_path, resume_step)
         if isinstance(resume_path, str) and resume_step is not None
         else None,

@@ -36,6 +36,7 @@ RBAC_NAMESPACED = {
     ("", "pods"): {"get", "list", "watch", "create", "delete"},  # create gangs, fence, list by label
     ("", "services"): {"get", "create"},  # the headless rendezvous Service
     ("", "events"): {"create", "patch"},  # kubectl describe tells the story; kopf's own events
+    ("policy", "poddisruptionbudgets"): {"create", "delete"},  # one per attempt: kubectl drain waits
 }
 RBAC_CLUSTER = {
     ("", "nodes"): {"get", "list", "watch"},  # node loss, capacity
@@ -300,6 +301,19 @@ def test_cluster_role_is_exactly_the_least_privilege_table(helm: str, tmp_path: 
     assert pod_spec(docs)["serviceAccountName"] == sa["metadata"]["name"]
 
 
+def test_node_patch_is_granted_only_with_cluster_wide_bad_node_tainting(helm: str, tmp_path: Path) -> None:
+    def node_verbs(docs: list[dict[str, Any]]) -> set[str]:
+        return {v for r in one(docs, "ClusterRole")["rules"] if "nodes" in r["resources"] for v in r["verbs"]}
+
+    assert "patch" not in node_verbs(render(helm, tmp_path))
+    docs = render(helm, tmp_path, {"badNodes": {"clusterTaint": {"enabled": True, "failures": 2}}})
+    assert node_verbs(docs) == {"get", "list", "watch", "patch"}
+    env = env_of(docs)
+    assert env["RTJ_BAD_NODE_TAINT"] == "training.resilient.dev/bad-node" and env["RTJ_BAD_NODE_FAILURES"] == "2"
+    assert "RTJ_BAD_NODE_TAINT" not in env_of(render(helm, tmp_path))
+    assert "aws-node-termination-handler/spot-itn" in env["RTJ_DRAIN_TAINTS"].split(",")
+
+
 def test_rbac_and_service_account_can_be_turned_off(helm: str, tmp_path: Path) -> None:
     docs = render(helm, tmp_path, {"rbac": {"create": False}, "watchNamespaces": ["ml-a"],
                                    "serviceAccount": {"create": False, "name": "ops-managed"}})  # fmt: skip
@@ -398,6 +412,27 @@ def test_metrics_service(helm: str, tmp_path: Path) -> None:
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     assert not by_kind(render(helm, tmp_path, {"metrics": {"enabled": False}}), "Service")
+
+
+def test_service_monitor_and_dashboard_are_off_by_default_and_valid_when_on(helm: str, tmp_path: Path) -> None:
+    """Off by default (no monitoring CRDs needed); on, the ServiceMonitor scrapes the metrics Service and
+    the dashboard ConfigMap carries the Grafana sidecar's label and a dashboard over our metrics."""
+    docs = render(helm, tmp_path)
+    assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ConfigMap")
+    docs = render(helm, tmp_path, {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                                               "dashboard": {"enabled": True}}})
+    monitor, svc = one(docs, "ServiceMonitor"), one(docs, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    board = one(docs, "ConfigMap")
+    kubernetes_validate.validate(board, KUBE_VERSION, strict=True)
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(board["data"]["resilient-training.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in ("rtj_goodput_ratio", "rtj_lost_seconds", "rtj_restarts_total", "rtj_recovery_seconds_bucket",
+                   "rtj_step_seconds", "rtj_steps_recomputed"):
+        assert metric in exprs, metric
 
 
 def test_standard_labels_on_every_object(helm: str, tmp_path: Path) -> None:

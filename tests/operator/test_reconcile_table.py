@@ -226,6 +226,50 @@ ROWS = [
     Row("lost status + a genuine resume annotation is kept", job(running_status(phase=c.STARTING)),
         [pod(2, 0, node_name="n0", replicas=2, resume=RESUMED_9)], healthy(4), phase=c.STARTING,
         create_attempt=2, create_replicas=2, create_count=1, resume_step=9, status={"resumedFrom.step": 9}),
+    Row("a node Ready again whose unreachable taint is about to go: the relaunch waits for it, bounded",
+        job(running_status(phase=c.RESTARTING)), [],
+        nodes(node("n0"), node("n1"), node("n2"), node("n3", since=timedelta(seconds=2), taints=[
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}])), listing=listing(10),
+        phase=c.RESTARTING, events={c.REASON_SETTLING}, status={"settlingSince": fmt(NOW)}),
+    Row("the settle wait is over: relaunch smaller", job(running_status(
+        phase=c.RESTARTING, settlingSince=fmt(NOW - timedelta(seconds=16)))), [],
+        nodes(node("n0"), node("n1"), node("n2"), node("n3", since=timedelta(seconds=2), taints=[
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}])), listing=listing(10),
+        phase=c.STARTING, create_attempt=2, create_replicas=3, resume_step=10, status={"settlingSince": None}),
+    Row("pods of a finished job still terminating: start at full size, the scheduler waits for them", job(),
+        [pod(1, r, node_name=f"n{r}", phase="Succeeded", deleting=True, owner_uid="uid-of-a-finished-job")
+         for r in range(4)], healthy(4), phase=c.STARTING, create_attempt=1, create_replicas=4),
+    Row("a worker's node cordoned (drain): planned restart, the gang stopped gracefully, no budget spent",
+        job(running_status()), four_running(), nodes_with(4, n2=dict(unschedulable=True)), listing=listing(10),
+        phase=c.RESTARTING, delete=ALL4, events={c.REASON_DRAIN},
+        status={"restarts.planned": 1, "restarts.infrastructure": 0, "lastDrain.nodes": ["n2"],
+                "conditions.Recovering": "True", "goodput.open.kind": c.PLANNED}),
+    Row("a spot interruption notice taint: the same planned restart", job(running_status()), four_running(),
+        nodes_with(4, n1=dict(taints=[{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}])),
+        phase=c.RESTARTING, delete=ALL4, events={c.REASON_DRAIN},
+        status={"lastDrain.reason": "tainted aws-node-termination-handler/spot-itn", "restarts.planned": 1}),
+    Row("a cordoned node with no worker of ours: nothing to do", job(running_status()), four_running(),
+        nodes_with(5, n4=dict(unschedulable=True))),
+    Row("a lost node that is also cordoned is a node loss, not a drain", job(running_status()), four_running(),
+        nodes_with(4, n3=dict(unschedulable=True, lease_age=25.0)), phase=c.RESTARTING, force={"demo-a1-3"},
+        delete={"demo-a1-0", "demo-a1-1", "demo-a1-2"}, status={"restarts.infrastructure": 1, "restarts.planned": 0}),
+    Row("drained gang still saving its checkpoint: wait", job(running_status(phase=c.RESTARTING)),
+        four_running(**{f"r{i}": dict(deleting=True) for i in range(4)}), nodes_with(4, n2=dict(unschedulable=True)),
+        phase=c.RESTARTING),
+    Row("after the drain: restart smaller from the SIGTERM checkpoint, without the cordoned node",
+        job(running_status(phase=c.RESTARTING)), [], nodes_with(4, n2=dict(unschedulable=True)),
+        listing=listing(10, 57), phase=c.STARTING, create_attempt=2, create_replicas=3, resume_step=57),
+    Row("a drained node the template tolerates holds no capacity either",
+        job(running_status(phase=c.RESTARTING), template={"spec": {"containers": [{"name": "t"}],
+            "tolerations": [{"operator": "Exists"}]}}), [],
+        nodes_with(4, n2=dict(taints=[{"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}])),
+        phase=c.STARTING, create_attempt=2, create_replicas=3),
+    Row("a hang (the launcher's RTJ_HUNG message): its own kind, the infrastructure budget, the node avoided",
+        job(running_status(), progressTimeoutSeconds=30), four_running(r1=dict(phase="Failed", exit_code=124,
+            message=completion.format_message(completion.HUNG, step=41, rank=1, stalled_s=30.2, timeout_s=30,
+                                              attempt=1))), healthy(4), listing=listing(40), phase=c.RESTARTING,
+        delete=ALL4, events={c.REASON_HANG, c.REASON_AVOID_NODE},
+        status={"lastFailure.kind": c.HANG, "restarts.infrastructure": 1, "restarts.application": 0}),
     Row("a template the core cannot use: SpecValid=False naming the field, no pods",
         job(template={"spec": {"containers": [{"name": "t", "env": ["A=1"]}]}}), [], healthy(4),
         phase=c.PENDING, events={c.REASON_INVALID_SPEC}, status={"conditions.SpecValid": "False"}),
@@ -318,9 +362,10 @@ def test_avoiding_lost_nodes_keeps_the_users_affinity() -> None:
 
 
 def test_interrupted_launch_also_ensures_the_service() -> None:
-    """Status says attempt 1 started but nothing was created: the Service comes before the pods."""
+    """Status says attempt 1 started but nothing was created: the Service and the attempt's disruption
+    budget come before the pods."""
     plan = reconcile(job(running_status(phase=c.STARTING)), [], healthy(4), listing(), NOW)
-    assert [m["kind"] for m in plan.manifests()] == ["Service", "Pod", "Pod", "Pod", "Pod"]
+    assert [m["kind"] for m in plan.manifests()] == ["Service", "PodDisruptionBudget", "Pod", "Pod", "Pod", "Pod"]
 
 
 def test_lease_deadline_is_the_next_look() -> None:
@@ -393,3 +438,21 @@ def test_a_fenced_gang_seen_saving_is_told_once_and_kept_in_history() -> None:
     again = reconcile(job(plan.status), gang(2, 3), healthy(4), seen, NOW)
     assert not [e for e in again.events if e.reason == c.REASON_FENCED_WRITER]
     assert fencing.lineage_starts(plan.status) == [(1, None), (2, 20)]
+
+def test_drain_relaunch_avoids_the_draining_node_and_releases_the_old_budget() -> None:
+    j = job(running_status(phase=c.RESTARTING))
+    plan = reconcile(j, [], nodes_with(4, n2=dict(unschedulable=True)), listing(57), NOW)
+    manifests = list(plan.manifests())
+    pdb = next(m for m in manifests if m["kind"] == "PodDisruptionBudget")
+    assert pdb["metadata"]["name"] == "demo-a2" and pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["selector"]["matchLabels"][c.LABEL_ATTEMPT] == "2"
+    assert plan.release == ["demo-a1"]
+    for p in (m for m in manifests if m["kind"] == "Pod"):
+        terms = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]} in terms["nodeSelectorTerms"][0][
+            "matchFields"]
+
+
+def test_finished_jobs_release_their_budget() -> None:
+    plan = reconcile(job(running_status()), gang(1, 4, phase="Succeeded"), healthy(4), listing(), NOW)
+    assert plan.status["phase"] == c.SUCCEEDED and plan.release == ["demo-a1"]

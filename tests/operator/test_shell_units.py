@@ -80,3 +80,15 @@ def test_queue_keeps_the_earliest_due_time() -> None:
         return loop.time() - start
 
     assert asyncio.run(scenario()) < 1
+
+
+def test_operator_config_from_the_charts_environment() -> None:
+    from resilient_operator.core.drain import DEFAULT_TAINTS
+    from resilient_operator.settings import operator_config
+
+    assert operator_config({}).drain_taints == frozenset(DEFAULT_TAINTS) and operator_config({}).bad_node_taint is None
+    cfg = operator_config({"RTJ_DRAIN_TAINTS": "a/b, c", "RTJ_SETTLE_SECONDS": "5", "RTJ_BAD_NODE_TAINT": "k/bad",
+                           "RTJ_BAD_NODE_FAILURES": "2", "RTJ_BAD_NODE_MAX_FRACTION": "0.25"})
+    assert cfg.drain_taints == {"a/b", "c"} and cfg.settle_seconds == 5 and cfg.bad_node_taint == "k/bad"
+    assert cfg.bad_node_failures == 2 and cfg.bad_node_max_fraction == 0.25
+    assert operator_config({"RTJ_DRAIN_TAINTS": ""}).drain_taints == frozenset()  # cordon only

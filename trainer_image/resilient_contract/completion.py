@@ -10,6 +10,7 @@ though a worker's exit code says otherwise.
 Message format (one line, `key=value` fields, parse with `parse_message`):
     RTJ_SUCCEEDED step=120 attempt=2 world_size=4
     RTJ_PREEMPTED step=57 checkpoint=/ckpt/step-0000000057 attempt=2 world_size=4
+    RTJ_HUNG step=41 rank=3 stalled_s=30.2 timeout_s=30 attempt=2     (the launcher's hang watchdog)
 
 Torch-free: the operator imports these constants.
 """
@@ -25,7 +26,8 @@ TERMINATION_LOG_DEFAULT = "/dev/termination-log"  # Kubernetes' default terminat
 TERMINATION_LOG_ENV = "RTJ_TERMINATION_LOG"  # override (tests, or a pod spec with another path)
 SUCCEEDED = "RTJ_SUCCEEDED"
 PREEMPTED = "RTJ_PREEMPTED"
-KINDS = (SUCCEEDED, PREEMPTED)
+HUNG = "RTJ_HUNG"  # no step for the progress timeout: the launcher ended the pod (resilient_contract.progress)
+KINDS = (SUCCEEDED, PREEMPTED, HUNG)
 COMPLETED_MARKER_FILE = "_RTJ_COMPLETED"  # in the checkpoint root; never matches a step directory
 MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4096 bytes
 

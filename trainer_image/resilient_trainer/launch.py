@@ -30,6 +30,15 @@ temporary file unless $RTJ_TERMINATION_LOG is set, so the exit-status rule above
 
 In both modes every worker runs through `resilient_trainer.worker`, which makes it die (SIGKILL) with
 the launcher: an orphaned worker would keep training and saving under nobody's supervision.
+
+Progress and hangs (resilient_contract.progress): each rank writes a tiny pod-local file after every step
+($RTJ_PROGRESS_DIR, set here). A watchdog thread compares them once a second: it rewrites this pod's report
+in the checkpoint root every few seconds (step, slowest rank and its step time: goodput and stragglers for
+the operator, which has no other channel to the workers), and when $RTJ_PROGRESS_TIMEOUT_SECONDS passes
+with some local rank making no step (before its first step, FIRST_STEP_TIMEOUTS times the timeout from
+launch: imports, rendezvous, the checkpoint load), it
+writes an RTJ_HUNG termination message naming the last step and the rank that stopped first, kills the
+workers (a rank stuck in a collective never runs a SIGTERM handler) and exits HUNG_EXIT_CODE.
 """
 
 from __future__ import annotations
@@ -37,11 +46,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 
-from resilient_contract import completion, environment, layout
+from resilient_contract import completion, environment, layout, progress
 from resilient_trainer.worker import LAUNCHER_PID_ENV
 
 PREEMPTED_EXIT_CODE = 143
@@ -50,6 +62,112 @@ USAGE = (
     "usage: python -m resilient_trainer.launch [--nproc-per-node N] [--checkpoint-root DIR] "
     "[--resume latest|DIR] [torchrun options] -- script.py [args]   (or -- -m module [args])"
 )
+
+
+HUNG_EXIT_CODE = 124  # timeout(1)'s convention; the operator reads the termination message, not this
+REPORT_SECONDS = 3.0  # how often the pod's report in the checkpoint root is rewritten (when steps moved)
+# Before a rank's first step (imports, rendezvous, the checkpoint load) it is allowed this many timeouts.
+FIRST_STEP_TIMEOUTS = 4
+
+
+class Watchdog:
+    """Watches the local ranks' progress files; reports progress; ends the pod on a hang."""
+
+    def __init__(self, env: environment.WorkerEnv, directory: str, timeout: float | None,
+                 clock: Callable[[], float] = time.time, on_hang: Callable[[], None] | None = None) -> None:
+        self.env, self.dir, self.timeout, self.clock = env, directory, timeout, clock
+        self.started = clock()
+        self.first_step_at: float | None = None
+        self.hung: str | None = None  # the termination message, once a hang was declared
+        self.on_hang = on_hang or kill_children
+        self._reported = (-1, 0.0)
+        self._stop = threading.Event()
+
+    def check(self) -> None:
+        """One look: report, and declare a hang if due."""
+        now = self.clock()
+        ranks = progress.read_ranks(self.dir)
+        expected = [self.env.node_rank * self.env.nproc_per_node + i for i in range(self.env.nproc_per_node)]
+        steps = {r: ranks[r][0] if r in ranks else self._resumed_step() for r in expected}
+        last = {r: ranks[r][2] if r in ranks else self.started for r in expected}
+        if ranks and self.first_step_at is None:
+            self.first_step_at = min(t for _, _, t in ranks.values())
+        slowest = max(ranks, key=lambda r: ranks[r][1]) if ranks else None
+        low = min(steps.values())
+        since = now - self._reported[1]
+        due = since >= (REPORT_SECONDS if low != self._reported[0] else 4 * REPORT_SECONDS)
+        if self.env.checkpoint_root and ranks and due:
+            self._report(low, now, slowest, ranks[slowest][1] if slowest is not None else None)
+        if self.timeout and self.hung is None:
+            first = min(expected, key=lambda r: (steps[r], last[r]))
+            stalled = now - last[first]
+            limit = self.timeout if first in ranks else self.timeout * FIRST_STEP_TIMEOUTS
+            if stalled >= limit:
+                self.hung = completion.format_message(
+                    completion.HUNG, step=steps[first], rank=first, stalled_s=f"{stalled:.1f}",
+                    timeout_s=f"{self.timeout:g}", attempt=self.env.attempt)
+                print(f"rtj-launch: {self.hung}", file=sys.stderr, flush=True)
+                try:
+                    completion.write_termination_message(completion.HUNG, step=steps[first], rank=first,
+                                                         stalled_s=f"{stalled:.1f}", timeout_s=f"{self.timeout:g}",
+                                                         attempt=self.env.attempt)
+                except OSError as exc:
+                    print(f"rtj-launch: cannot write termination message: {exc}", file=sys.stderr)
+                self.on_hang()
+
+    def _resumed_step(self) -> int:
+        name = os.path.basename((self.env.resume_from or "").rstrip("/"))
+        return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
+
+    def _report(self, step: int, now: float, slowest: int | None, seconds: float | None) -> None:
+        pod = os.environ.get("HOSTNAME") or f"{self.env.job_name}-a{self.env.attempt}-{self.env.node_rank}"
+        try:
+            progress.write_report(self.env.checkpoint_root, progress.Report(
+                pod=pod, attempt=self.env.attempt, step=step, time=now, first_step_at=self.first_step_at,
+                step_seconds=seconds, slowest_rank=slowest))
+            self._reported = (step, now)
+        except OSError as exc:  # advisory: a full or read-only volume must not end the training
+            print(f"rtj-launch: cannot write progress report: {exc}", file=sys.stderr)
+            self._reported = (step, now)
+
+    def run(self, interval: float = 1.0) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.check()
+            except Exception as exc:  # never let the watchdog take the launcher down
+                print(f"rtj-launch: watchdog: {exc!r}", file=sys.stderr)
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="rtj-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc; the workers and anything they started)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_children() -> None:
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def worker_command(script: Sequence[str]) -> list[str]:
@@ -124,17 +242,21 @@ def _outcome_for(attempt: str, path: str | None = None) -> completion.Outcome | 
     return outcome
 
 
-def _run_torchrun(argv: list[str], attempt: str, log_path: str | None) -> int:
+def _run_torchrun(argv: list[str], attempt: str, log_path: str | None, watchdog: Watchdog | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: torchrun's agent runs in here
     args = parse_args(argv)
+    if watchdog is not None:
+        watchdog.start()
     try:
         run(args)
         return 0
     except (ChildFailedError, SignalException) as exc:
+        if watchdog is not None and watchdog.hung:
+            return HUNG_EXIT_CODE
         outcome = _outcome_for(attempt, log_path)
         if outcome is not None and outcome.succeeded:
             print(f"rtj-launch: workers recorded success ({completion.SUCCEEDED}) before failing at exit: "
@@ -199,7 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log_path = completion.termination_log_path()
     _clear(log_path)
-    return _run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path)
+    os.environ[progress.RANK_DIR_ENV] = tempfile.mkdtemp(prefix="rtj-progress-")  # pod-local, inherited
+    raw_timeout = os.environ.get(progress.TIMEOUT_ENV, "")
+    timeout = float(raw_timeout) if raw_timeout.replace(".", "", 1).isdigit() and float(raw_timeout) > 0 else None
+    watchdog = Watchdog(env, os.environ[progress.RANK_DIR_ENV], timeout)
+    return _run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path, watchdog)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,12 @@ Role per namespace when watchNamespaces is set. Every verb is something the oper
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The attempt's PodDisruptionBudget (maxUnavailable 0): `kubectl drain` waits while the operator stops
+# the whole gang gracefully itself, instead of evicting rank by rank. Created with each attempt, deleted
+# when the next one starts or the job ends (owned by the job, so garbage-collected with it too).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "delete"]
 {{- end }}
 
 {{/*

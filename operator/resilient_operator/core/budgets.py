@@ -4,6 +4,12 @@ Infrastructure failures (node loss, eviction, preemption) and application failur
 no infrastructure cause) count against separate budgets: a flaky cluster must not use up the retries a
 buggy script gets, nor the reverse. Application restarts back off exponentially; infrastructure ones do
 not (the cause is gone once the gang is fenced and moved).
+
+A hang (the launcher's watchdog saw no step for spec.progressTimeoutSeconds) is its own failure kind but
+spends the infrastructure budget: the usual causes are a dead peer or link, a wedged GPU or NIC, a stuck
+volume, which a restart away from the blamed node fixes (the node is avoided, core/badnodes.py) without
+backoff; a deterministic deadlock in the script hangs again at the same step, and the infrastructure
+budget still bounds it, each try costing only the timeout.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class Spend:
 
 def spend(kind: str, restarts: Mapping[str, int], policy: FailurePolicy) -> Spend:
     """The budget decision for one failure of `kind` (constants.INFRASTRUCTURE or APPLICATION)."""
-    infra = kind == c.INFRASTRUCTURE
+    infra = kind in (c.INFRASTRUCTURE, c.HANG)
     key = "infrastructure" if infra else "application"
     limit = policy.max_infrastructure_restarts if infra else policy.max_application_restarts
     used = int(restarts.get(key, 0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from resilient_contract import completion
 from resilient_operator import constants as c
@@ -43,13 +43,14 @@ CANNOT_START = frozenset(
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # constants.INFRASTRUCTURE | constants.APPLICATION
+    kind: str  # constants.INFRASTRUCTURE | constants.APPLICATION | constants.HANG
     reason: str
     message: str
     pod: str | None = None
     node: str | None = None
     exit_code: int | None = None
     lost_nodes: tuple[str, ...] = ()
+    occurred: datetime | None = None  # the last sign of life before it, when known better than the exit
 
 
 def finished_ok(pod: PodView) -> bool:
@@ -110,6 +111,9 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
         if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)
+    hang = hung(pods)
+    if hang:
+        return hang
     if all_created:
         for rank in range(replicas):
             if rank not in by_rank:
@@ -128,6 +132,31 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
                            f"pod {pod.name} cannot start its container: {why}; check the image and pod spec",
                            pod=pod.name, node=pod.node_name)
     return None
+
+
+def hung(pods: Sequence[PodView]) -> Failure | None:
+    """The launchers ended pods for a hang (RTJ_HUNG): name the last step and who stopped first (the
+    lowest step reported, then the rank with the oldest progress: in a synchronous job the others wait
+    for it in the next collective)."""
+    reports = []
+    for pod in pods:
+        for term in pod.terminations:
+            outcome = completion.parse_message(term.message)
+            if outcome and outcome.kind == completion.HUNG:
+                f = outcome.fields
+                step = int(f["step"]) if f.get("step", "").isdigit() else -1
+                stalled = f.get("stalled_s", "")
+                seconds = float(stalled) if stalled.replace(".", "", 1).isdigit() else 0.0
+                reports.append((step, -seconds, pod, f.get("rank", "?"), f.get("timeout_s", "?"), term.finished_at))
+    if not reports:
+        return None
+    step, neg_stalled, pod, rank, timeout, ended = min(reports, key=lambda r: (r[0], r[1], r[2].rank))
+    same = sorted(p.name for s, _, p, *_ in reports if s == step)
+    message = (f"no training step for {timeout}s: hang at step {step}; rank {rank} (pod {pod.name} on node "
+               f"{pod.node_name}) stopped first" + (f"; pods at that step: {', '.join(same)}" if len(same) > 1
+                                                    else ""))
+    began = ended + timedelta(seconds=neg_stalled) if ended else None  # its last step: when progress stopped
+    return Failure(c.HANG, c.REASON_HANG, message, pod=pod.name, node=pod.node_name, occurred=began)
 
 
 def unsettled(pods: Sequence[PodView], health: Health) -> bool:

@@ -12,6 +12,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from resilient_operator import constants as c
+
 
 @dataclass(frozen=True)
 class ElasticPolicy:
@@ -58,6 +60,8 @@ class JobSpec:
     master_port: int
     suspend: bool
     placement: Placement
+    progress_timeout: float | None = None  # spec.progressTimeoutSeconds: no step for this long is a hang
+    bad_node_seconds: float = 3600.0  # spec.badNodeSeconds: how long a node that broke an attempt is avoided
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,36 @@ class PodView:
     owner_uid: str | None = None  # uid of the controller ownerReference: identity, never labels
     launch_replicas: int | None = None  # the attempt's size, from our annotation (None if absent or malformed)
     launch_resume: LaunchResume | None = None  # the checkpoint the attempt resumed from, from our annotations
+    ready_since: datetime | None = None  # when the Ready condition last turned True
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one pod's launcher last reported about its ranks' steps (a file in the job's area; untrusted,
+    bounded and validated by the shell). Times are the launcher's clock, read against the operator's."""
+
+    pod: str
+    attempt: int
+    step: int  # the lowest step any local rank completed
+    updated: datetime  # when the file was last written (its mtime, as the operator's storage sees it)
+    step_seconds: float | None = None  # the slowest local rank's recent mean step time
+    slowest_rank: int | None = None  # global rank of that rank
+    first_step_at: datetime | None = None  # when the first step of this attempt completed
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Cluster-wide settings from the chart's values (not per job)."""
+
+    # A node hosting workers that gets one of these taints (any effect) is drained by a planned restart.
+    drain_taints: frozenset[str] = frozenset(c.DEFAULT_DRAIN_TAINTS)
+    # A relaunch waits at most this long for capacity that is seconds away (see core/settle.py).
+    settle_seconds: float = 15.0
+    # Opt-in cluster-wide bad-node tainting (core/badnodes.py): the taint key, or None when off.
+    bad_node_taint: str | None = None
+    bad_node_failures: int = 3
+    bad_node_window_seconds: float = 3600.0
+    bad_node_max_fraction: float = 0.1
 
 
 @dataclass(frozen=True)

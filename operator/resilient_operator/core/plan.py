@@ -1,7 +1,8 @@
 """What the core asks the shell to do; the shell applies it in a fixed, crash-safe order.
 
 Order: delete and force-delete pods (fencing), write status once, create objects (idempotently:
-AlreadyExists is success), then emit events (only after the status write succeeded).
+AlreadyExists is success), release PodDisruptionBudgets, then emit events (only after the status write
+succeeded).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Plan:
     create: list[Render] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     force_delete: list[str] = field(default_factory=list)
+    release: list[str] = field(default_factory=list)  # PodDisruptionBudgets to delete (404 is fine)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
 

@@ -22,12 +22,25 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from resilient_contract import layout
+from resilient_contract import completion, layout
 from resilient_contract.layout import Listing, Verdict, step_dir_name
 from resilient_operator import constants as c
-from resilient_operator.core import budgets, capacity, failures, fencing, growback, health, render
+from resilient_operator.core import (
+    badnodes,
+    budgets,
+    capacity,
+    drain,
+    failures,
+    fencing,
+    goodput,
+    growback,
+    health,
+    render,
+    settle,
+    stragglers,
+)
 from resilient_operator.core.conditions import get_condition, set_condition
-from resilient_operator.core.model import Job, NodeView, PodView
+from resilient_operator.core.model import Job, NodeView, OperatorConfig, PodView, Progress
 from resilient_operator.core.plan import Event, Plan
 from resilient_operator.core.timeutil import fmt, parse
 
@@ -43,6 +56,7 @@ UNSETTLED_RECHECK_SECONDS = 1.0
 FENCE_RECHECK_SECONDS = 5.0
 CAPACITY_RECHECK_SECONDS = 30.0
 ACTIVE = (c.STARTING, c.RUNNING)
+DEFAULT_CONFIG = OperatorConfig()
 # What a user should do about a checkpoint root discovery refused, by the reason it gave.
 _STORAGE_ADVICE = {
     layout.REASON_ROOT_OUTSIDE_AREA: "no pods are created; set spec.checkpoint.root inside the namespace's area",
@@ -59,12 +73,16 @@ class _Ctx:
     """The inputs of one reconcile, the node health judged once, and the status being edited."""
 
     def __init__(self, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView],
-                 listing: Listing, now: datetime) -> None:
+                 listing: Listing, now: datetime, progress: Sequence[Progress] = (),
+                 config: OperatorConfig = DEFAULT_CONFIG) -> None:
         self.job = job
+        self.progress = list(progress)
+        self.config = config
         self.spec = job.spec
         self.pods = list(pods)
         self.listing = listing
         self.health = health.assess(node_map, now, job.spec.node_loss_timeout)
+        self.draining = drain.draining(node_map, config.drain_taints)
         self.now = now
         self.ts = fmt(now)
         self.status: dict[str, Any] = copy.deepcopy(dict(job.status))
@@ -98,12 +116,22 @@ class _Ctx:
     def close_history(self, reason: str) -> None:
         fencing.close_entry(self.status, self.attempt, reason, self.ts)
 
+    def avoid(self) -> list[str]:
+        """Nodes a new pod must not land on: lost ones (Kubernetes may still call them Ready), draining ones."""
+        return sorted(set(self.health.lost_names) | set(self.draining) | set(self.bad_nodes()))
+
+    def bad_nodes(self) -> dict[str, datetime]:
+        return badnodes.avoided(self.status, self.now)
+
 
 def reconcile(
-    job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime
+    job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime,
+    progress: Sequence[Progress] = (), config: OperatorConfig = DEFAULT_CONFIG,
 ) -> Plan:
-    """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes."""
-    ctx = _Ctx(job, [p for p in pods if p.owner_uid == job.uid], node_map, listing, now)  # ours: by uid, not label
+    """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes, progress
+    the launchers' reports (untrusted; only ever used for accounting and hang attribution)."""
+    ours = [p for p in pods if p.owner_uid == job.uid]  # ours: by uid, not label
+    ctx = _Ctx(job, ours, node_map, listing, now, progress, config)
     st = ctx.status
     st["observedGeneration"] = job.generation
     st["desiredReplicas"] = job.spec.replicas
@@ -113,6 +141,8 @@ def reconcile(
         return ctx.plan
     _adopt_newer_attempt(ctx)
     _observe_checkpoints(ctx)
+    badnodes.prune(st, now)
+    _account(ctx)
 
     if ctx.phase in c.TERMINAL_PHASES:
         if ctx.phase == c.FAILED:  # a finished job keeps its completed pods for logs; a failed one stops the rest
@@ -213,6 +243,8 @@ def _cluster_disrupted(ctx: _Ctx) -> bool:
 def _suspend(ctx: _Ctx) -> None:
     ctx.fence(ctx.pods)
     if ctx.phase != c.SUSPENDED:
+        if ctx.phase in ACTIVE:  # a stopped gang trains nothing: timed like an interruption
+            goodput.open_recovery(ctx.status, c.SUSPENDED, ctx.now, ctx.now, _reached(ctx))
         ctx.close_history(c.REASON_SUSPENDED)
         ctx.set_phase(c.SUSPENDED)
         ctx.condition(c.COND_RUNNING, False, c.REASON_SUSPENDED, "the job is suspended")
@@ -231,6 +263,10 @@ def _watch_attempt(ctx: _Ctx) -> None:
         return
     if _cluster_disrupted(ctx):
         return
+    notices = drain.affected(current, ctx.draining, ctx.health.lost)
+    if notices:
+        _drain(ctx, current, notices)
+        return
     failure = failures.detect(current, replicas, ctx.phase == c.RUNNING, ctx.health)
     if failure:
         _on_failure(ctx, failure, current)
@@ -239,6 +275,8 @@ def _watch_attempt(ctx: _Ctx) -> None:
         ctx.plan.look_again(UNSETTLED_RECHECK_SECONDS)
     if ctx.phase == c.STARTING:
         _finish_starting(ctx, current, replicas)
+    if ctx.phase == c.RUNNING:
+        stragglers.summarise(ctx.status, ctx.attempt, ctx.progress, current, ctx.now)
     if ctx.phase == c.RUNNING and ctx.spec.elastic.grow_back:
         _consider_grow_back(ctx, current)
     for name in {p.node_name for p in current if p.node_name}:
@@ -251,12 +289,14 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
     missing = [r for r in range(replicas) if r not in present]
     if missing:  # a crash (or a refused create) between the status write and the creates
         ctx.plan.create.append(partial(render.service_manifest, ctx.job))
+        ctx.plan.create.append(partial(render.pdb_manifest, ctx.job, ctx.attempt, replicas))
     resume = _resume_verdict(ctx.status)
     for rank in missing:
         ctx.plan.create.append(partial(render.pod_manifest, ctx.job, ctx.attempt, rank, replicas, resume,
-                                       ctx.health.lost_names))
+                                       ctx.avoid()))
     if not missing and all(p.phase == "Running" for p in current):
         ctx.set_phase(c.RUNNING)
+        goodput.running(ctx.status, ctx.now)
         fencing.record_nodes(ctx.status, ctx.attempt, current)
         ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
         ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
@@ -272,6 +312,7 @@ def _succeed(ctx: _Ctx) -> None:
     st = ctx.status
     ctx.set_phase(c.SUCCEEDED)
     st["completionTime"] = ctx.ts
+    ctx.plan.release.append(drain.pdb_name(ctx.job.name, ctx.attempt))
     ctx.close_history(c.REASON_COMPLETED)
     ctx.condition(c.COND_SUCCEEDED, True, c.REASON_COMPLETED, "all workers finished")
     ctx.condition(c.COND_RUNNING, False, c.REASON_COMPLETED, "the job finished")
@@ -287,13 +328,15 @@ def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]
         if value is not None:
             last[field] = value
     st["lastFailure"] = last
+    goodput.open_recovery(st, failure.kind, _occurred(ctx, failure, current), ctx.now, _reached(ctx))
+    _blame(ctx, failure)
     ctx.close_history(failure.reason)
     ctx.fence(current)
     where = f" on node {failure.node}" if failure.node else ""
     ctx.event("Warning", failure.reason, f"attempt {ctx.attempt} broken{where}: {failure.message}")
     spent = budgets.spend(failure.kind, st["restarts"], ctx.spec.failure)
     if spent.exhausted:
-        _fail(ctx, spent.budget_reason, f"{failure.kind.lower()} restart budget ({spent.limit}) is spent; last "
+        _fail(ctx, spent.budget_reason, f"{spent.key} restart budget ({spent.limit}) is spent; last "
               f"failure: {failure.message}. Raise spec.failurePolicy or fix the cause, then recreate the job; "
               "checkpoints are kept")
         return
@@ -313,6 +356,7 @@ def _on_failure(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]
 def _fail(ctx: _Ctx, reason: str, message: str) -> None:
     ctx.set_phase(c.FAILED)
     ctx.status["completionTime"] = ctx.ts
+    ctx.plan.release.append(drain.pdb_name(ctx.job.name, ctx.attempt))
     ctx.condition(c.COND_FAILED, True, reason, message)
     ctx.condition(c.COND_RUNNING, False, reason, message)
     ctx.condition(c.COND_RECOVERING, False, reason, "the job failed")
@@ -320,8 +364,11 @@ def _fail(ctx: _Ctx, reason: str, message: str) -> None:
 
 
 def _target_replicas(ctx: _Ctx) -> tuple[int | None, int]:
-    """The size the healthy capacity allows (None below the minimum), and that capacity."""
-    cap = capacity.capacity(ctx.health, ctx.spec.placement).total
+    """The size the healthy capacity allows (None below the minimum), and that capacity (draining nodes,
+    even ones the template tolerates, hold nothing: they are about to go)."""
+    per_node = capacity.capacity(ctx.health, ctx.spec.placement).per_node
+    skip = set(ctx.draining) | set(ctx.bad_nodes())
+    cap = sum(n for name, n in per_node.items() if name not in skip)
     return capacity.choose_replicas(ctx.spec.replicas, ctx.spec.elastic, cap), cap
 
 
@@ -342,6 +389,7 @@ def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
         message = f"growing {replicas} -> {decision.target} workers from {step_dir_name(latest)}"
         st.pop("growBack", None)
         st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
+        goodput.open_recovery(st, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
         ctx.close_history(c.REASON_GROW_BACK)
         ctx.fence(current)
         ctx.set_phase(c.RESTARTING)
@@ -372,6 +420,8 @@ def _relaunch(ctx: _Ctx) -> None:
         if silent:  # a node that went quiet with the lost one may be about to follow it: restart once
             ctx.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
             return
+    if _settle(ctx):
+        return
     replicas, cap = _target_replicas(ctx)
     if replicas is None:
         message = (f"need at least {spec.elastic.min_replicas} workers (a multiple of "
@@ -382,6 +432,8 @@ def _relaunch(ctx: _Ctx) -> None:
         ctx.set_phase(c.WAITING_FOR_CAPACITY)
         ctx.condition(c.COND_CAPACITY, False, c.REASON_BELOW_MIN, message)
         ctx.plan.look_again(CAPACITY_RECHECK_SECONDS)  # node events normally bring us back first
+        for until in ctx.bad_nodes().values():  # an avoided node becomes usable again with no event
+            ctx.plan.look_again((until - ctx.now).total_seconds())
         return
     ctx.condition(c.COND_CAPACITY, True, c.REASON_ENOUGH, f"the healthy nodes hold {cap} workers")
     if not _storage_ok(ctx):
@@ -407,10 +459,14 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
         st.pop("resumedFrom", None)
     ctx.set_phase(c.STARTING)
     fencing.open_entry(st, attempt, replicas, resume.step if resume else None, ctx.ts)
+    goodput.launched(st, ctx.now, resume.step if resume else None)
     ctx.plan.create.append(partial(render.service_manifest, ctx.job))
+    ctx.plan.create.append(partial(render.pdb_manifest, ctx.job, attempt, replicas))
+    if attempt > 1:  # the previous attempt's pods are gone: its budget has nothing left to protect
+        ctx.plan.release.append(drain.pdb_name(ctx.job.name, attempt - 1))
     for rank in range(replicas):
         ctx.plan.create.append(partial(render.pod_manifest, ctx.job, attempt, rank, replicas, resume,
-                                       ctx.health.lost_names))
+                                       ctx.avoid()))
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")
@@ -430,3 +486,86 @@ def _summarise(ctx: _Ctx) -> None:
     st["worldSize"] = replicas * ctx.spec.nproc_per_node
     st.setdefault("attempt", 0)
     st.setdefault("phase", c.PENDING)
+    goodput.summarise(st, ctx.now, force=ctx.phase in c.TERMINAL_PHASES)
+
+
+def _settle(ctx: _Ctx) -> bool:
+    """Full capacity is seconds away (a node Ready again, its lifecycle taint about to go): wait, bounded."""
+    st, spec = ctx.status, ctx.spec
+    wait = settle.decide(ctx.health, spec.placement, spec.replicas, spec.elastic, ctx.now,
+                         ctx.config.settle_seconds, parse(st.get("settlingSince")))
+    if wait is None:
+        st.pop("settlingSince", None)
+        return False
+    if "settlingSince" not in st:
+        st["settlingSince"] = ctx.ts
+        ctx.event("Normal", c.REASON_SETTLING, wait.message)
+    ctx.plan.look_again(wait.seconds)
+    return True
+
+
+def _account(ctx: _Ctx) -> None:
+    """Goodput: fold in the launchers' reports and the steps a stopped attempt says it reached."""
+    st = ctx.status
+    for pod in ctx.current():
+        for term in pod.terminations:
+            outcome = completion.parse_message(term.message)
+            if outcome and outcome.fields.get("step", "").isdigit():
+                goodput.note_reached(st, int(outcome.fields["step"]))
+    goodput.observe(st, ctx.attempt, ctx.progress, ctx.now)
+
+
+def _reached(ctx: _Ctx) -> int | None:
+    """The furthest step the current attempt is known to have completed."""
+    steps = [r.step for r in ctx.progress if r.attempt == ctx.attempt]
+    latest = (ctx.status.get("latestCheckpoint") or {}).get("step")
+    if isinstance(latest, int):
+        steps.append(latest)
+    return max(steps) if steps else None
+
+
+def _occurred(ctx: _Ctx, failure: failures.Failure, current: Sequence[PodView]) -> datetime:
+    """The last sign of life before the failure: a lost node's lease, a failed pod's exit, else now."""
+    if failure.lost_nodes:
+        renewals = [n.lease_renewed for name in failure.lost_nodes
+                    if (n := ctx.health.nodes.get(name)) and n.lease_renewed]
+        if renewals:
+            return min(renewals)
+    if failure.occurred is not None:
+        return failure.occurred
+    pod = next((p for p in current if p.name == failure.pod), None)
+    ended = [t.finished_at for t in pod.terminations if t.finished_at] if pod else []
+    return min(ended) if ended else ctx.now
+
+
+def _drain(ctx: _Ctx, current: Sequence[PodView], notices: Sequence[drain.Notice]) -> None:
+    """A node of the attempt is about to go with warning: stop the gang gracefully (the trainer saves at its
+    current step on SIGTERM) and restart without the draining nodes. A planned restart: no budget spent."""
+    st = ctx.status
+    where = ", ".join(f"{n.node} ({n.why})" for n in notices)
+    message = (f"node {where} is about to go: stopping attempt {ctx.attempt} gracefully (its workers save a "
+               "checkpoint at the current step) and restarting without it")
+    st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
+    st["lastDrain"] = {"nodes": [n.node for n in notices], "reason": notices[0].why, "attempt": ctx.attempt,
+                       "time": ctx.ts}
+    goodput.open_recovery(st, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
+    ctx.close_history(c.REASON_DRAIN)
+    ctx.fence(current)
+    ctx.set_phase(c.RESTARTING)
+    ctx.condition(c.COND_RUNNING, False, c.REASON_DRAIN, message)
+    ctx.condition(c.COND_RECOVERING, True, c.REASON_DRAIN, message)
+    ctx.event("Normal", c.REASON_DRAIN, message)
+
+
+def _blame(ctx: _Ctx, failure: failures.Failure) -> None:
+    """Remember the node(s) that broke the attempt (infrastructure failures and hangs only)."""
+    if failure.kind == c.APPLICATION:
+        return
+    before = set(ctx.bad_nodes())
+    for node in failure.lost_nodes or ((failure.node,) if failure.node else ()):
+        reason = c.REASON_NODE_LOST if node in failure.lost_nodes else failure.reason
+        badnodes.record(ctx.status, node, reason, ctx.now, ctx.spec.bad_node_seconds)
+    for node, until in sorted(ctx.bad_nodes().items()):
+        if node not in before:
+            ctx.event("Normal", c.REASON_AVOID_NODE, f"node {node} broke attempt {ctx.attempt} ({failure.reason}); "
+                      f"this job's next attempts avoid it until {fmt(until)} (spec.badNodeSeconds)")

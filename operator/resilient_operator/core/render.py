@@ -10,10 +10,11 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from resilient_contract import completion, environment
+from resilient_contract import completion, environment, progress
 from resilient_contract.environment import WorkerEnv
 from resilient_contract.layout import Verdict
 from resilient_operator import constants as c
+from resilient_operator.core.drain import pdb_name
 from resilient_operator.core.model import Job
 
 
@@ -56,6 +57,26 @@ def service_manifest(job: Job) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": {c.LABEL_JOB: job.name, c.LABEL_ROLE: c.ROLE_WORKER},
             "ports": [{"name": "rendezvous", "port": job.spec.master_port, "targetPort": job.spec.master_port}],
+        },
+    }
+
+
+def pdb_manifest(job: Job, attempt: int, replicas: int) -> dict[str, Any]:
+    """The attempt's PodDisruptionBudget: no voluntary eviction of any rank (see core/drain.py)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": pdb_name(job.name, attempt),
+            "namespace": job.namespace,
+            "labels": {c.LABEL_JOB: job.name, c.LABEL_ATTEMPT: str(attempt)},
+            "annotations": {c.ANNOTATION_REPLICAS: str(replicas)},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {c.LABEL_JOB: job.name, c.LABEL_ATTEMPT: str(attempt),
+                                         c.LABEL_ROLE: c.ROLE_WORKER}},
         },
     }
 
@@ -117,6 +138,8 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
     injected = worker_env(job, attempt, rank, replicas, resume).to_environ()
     # Set explicitly even when empty: a container's env wins over its envFrom, so no ConfigMap can supply it.
     injected.setdefault(environment.RESUME_FROM, "")
+    if job.spec.progress_timeout:  # the launcher's hang watchdog (resilient_contract.progress)
+        injected[progress.TIMEOUT_ENV] = f"{job.spec.progress_timeout:g}"
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") not in injected]
         container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]

@@ -21,7 +21,8 @@ On success local rank 0 of each node also writes `RTJ_SUCCEEDED ...` to the term
 (resilient_contract.completion).
 
 Test hooks: --fail-at-step/--fail-rank/--fail-exit-code (application failure), --step-delay,
---crash-in-save-step/--crash-in-save-rank (SIGKILL a rank inside its shard write), --dump-state
+--crash-in-save-step/--crash-in-save-rank (SIGKILL a rank inside its shard write), --hang-at-step/--hang-rank/
+--hang-attempt (a rank stops for good after a step, before reporting it: the launcher's hang watchdog), --dump-state
 (torch.save of the gathered full model/optimizer/scheduler/train state, for bitwise comparisons).
 """
 
@@ -44,7 +45,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.nn import functional as fn
 
-from resilient_contract import environment
+from resilient_contract import environment, progress
 from resilient_trainer import dist as rdist
 from resilient_trainer import outcome, parallel
 from resilient_trainer.checkpointer import Checkpointer
@@ -162,6 +163,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp")
     p.add_argument("--collective-timeout", type=float, default=rdist.DEFAULT_TIMEOUT_S)
     p.add_argument("--fail-at-step", type=int, default=-1, help="exit before running this step")
+    p.add_argument("--hang-at-step", type=int, default=-1,
+                   help="test only: --hang-rank stops for good after this step's collective, before reporting it")
+    p.add_argument("--hang-rank", type=int, default=0)
+    p.add_argument("--hang-attempt", type=int, default=1, help="test only: hang only in this attempt")
     p.add_argument("--fail-rank", type=int, default=0)
     p.add_argument("--fail-exit-code", type=int, default=3)
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (tests)")
@@ -281,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_delay:
             time.sleep(args.step_delay)
         dt = time.perf_counter() - t0
+        if (train_state.step == args.hang_at_step and ctx.rank == args.hang_rank
+                and os.environ.get(environment.ATTEMPT, "0") == str(args.hang_attempt)):
+            print(f"RTJ_HANGING step={train_state.step} rank={ctx.rank}", flush=True)
+            while True:  # stuck for good, like a rank in a dead collective; only SIGKILL ends it
+                time.sleep(3600)
+        progress.report_step(train_state.step, dt, time.time())
         emit(
             ctx.rank,
             "RTJ_STEP",

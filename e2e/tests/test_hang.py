@@ -1,0 +1,76 @@
+"""Hangs on the local cluster: one rank of the real trainer stops for good; the job is restarted within the
+progress timeout plus a few seconds and ends with the right model. A slow job that keeps stepping, beside
+it, is never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from e2e import scenarios
+from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.support import MOUNT, events, get_job, running_attempt, wait_phase
+from e2e.tests.test_training_e2e import STEPS, TOLERANCE, reference, relative_difference  # noqa: F401
+from resilient_operator import constants as c
+
+pytestmark = [pytest.mark.cluster]
+TIMEOUT = 20  # spec.progressTimeoutSeconds (the first step gets four times this: torch imports on a busy machine)
+HANG_STEP = 10
+
+
+def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
+    scenarios.shared_claim(cluster, ns)
+    extra = (f"--dump-state={MOUNT}/{ns}/{name}.pt", *kw.pop("extra_args", ()))
+    job = scenarios.example_job(name, ns, extra_args=extra, progressTimeoutSeconds=TIMEOUT, **kw)
+    cluster.apply(job)
+    return job
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_rank_is_restarted_in_time_and_the_job_ends_right(
+    cluster: Cluster, job_ns: str, reference: dict[str, Any]
+) -> None:
+    import torch
+
+    ns = job_ns
+    job = submit(cluster, ns, "hang", replicas=3, steps=STEPS, checkpoint_every=4, grow_back=False,
+                 extra_args=(f"--hang-at-step={HANG_STEP}", "--hang-rank=1"))
+    submit(cluster, ns, "slow", replicas=1, min_replicas=1, steps=5, checkpoint_every=0, step_delay=4.0)
+    old = running_attempt(cluster, ns, "hang", 1, 3, timeout=180)
+    rank1 = next(p.metadata.name for p in old if p.metadata.labels[c.LABEL_RANK] == "1")
+    hung_node = next(p.spec.node_name for p in old if p.metadata.name == rank1)
+    wait_for(lambda: "RTJ_HANGING" in scenarios.trainer_log(cluster, ns, rank1), 180, "the rank to hang")
+    t_hang = time.monotonic()
+
+    def detected() -> dict[str, Any] | None:
+        failure = get_job(cluster, ns, "hang")["status"].get("lastFailure") or {}
+        return failure if failure.get("kind") == c.HANG else None
+
+    failure = wait_for(detected, TIMEOUT + 30, "the hang in status.lastFailure")
+    latency = time.monotonic() - t_hang
+    print(f"\nhang at step {HANG_STEP} on {hung_node}: detected {latency:.1f}s after the rank stopped "
+          f"(timeout {TIMEOUT}s): {failure['message']}")
+    assert latency <= TIMEOUT + 5
+    assert f"step {HANG_STEP - 1}" in failure["message"] and "rank 1" in failure["message"]
+    assert failure["node"] == hung_node
+    story = events(cluster, ns, "hang")
+    assert any(e.startswith(c.REASON_HANG) and rank1 in e for e in story), story
+
+    new = running_attempt(cluster, ns, "hang", 2, 3, timeout=180)
+    assert hung_node not in {p.spec.node_name for p in new}  # the node that hung is avoided
+    final = wait_phase(cluster, ns, "hang", c.SUCCEEDED, 300)
+    assert final["restarts"] == {"infrastructure": 1, "application": 0, "planned": 0}
+    assert final["badNodes"][0]["node"] == hung_node
+    state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
+    diff = relative_difference(reference["model"], state["model"])
+    gp = final["goodput"]
+    print(f"final model vs reference: {diff:.2e}; goodput {gp['ratio']}, lost {gp['lost']}, "
+          f"steps recomputed {gp['stepsRecomputed']}")
+    assert diff <= TOLERANCE
+    assert gp["recoveries"] == 1 and gp["lost"]["detection"] >= TIMEOUT - 1
+
+    done = wait_phase(cluster, ns, "slow", c.SUCCEEDED, 120)  # 4 s a step, never a hang
+    assert done["restartCount"] == 0 and done["attempt"] == 1 and "lastFailure" not in done

@@ -1,0 +1,132 @@
+"""Progress reports: how far each pod's ranks got, written by the launcher, read by the operator.
+
+Workers have no API rights, so progress travels through the job's own storage, like checkpoints: the
+launcher of each pod rewrites `<checkpoint root>/_RTJ_PROGRESS/<pod name>.json` (temp file + rename) a few
+seconds apart while its ranks step. The operator reads the files of the current attempt's pods only, at
+most MAX_REPORT_BYTES each, and treats every field as hostile: a bad file is ignored, and what a report
+says is only ever used for accounting (goodput, step times) and to name the rank that stopped first.
+
+Inside a pod, each rank writes its own tiny file `<RTJ_PROGRESS_DIR>/rank-<global rank>` (`<step>
+<seconds of its last step> <time>`) after every step; the launcher compares them (hang watchdog) and
+summarises them here. Torch-free: the operator imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+DIRNAME = "_RTJ_PROGRESS"  # in the checkpoint root; never matches a step directory
+MAX_REPORT_BYTES = 4096
+RANK_DIR_ENV = "RTJ_PROGRESS_DIR"  # set by the launcher for its ranks: a pod-local directory
+TIMEOUT_ENV = "RTJ_PROGRESS_TIMEOUT_SECONDS"  # injected from spec.progressTimeoutSeconds; absent: no watchdog
+
+
+@dataclass(frozen=True)
+class Report:
+    pod: str
+    attempt: int
+    step: int  # the lowest step any local rank completed
+    time: float  # epoch seconds of the report (the pod's clock)
+    first_step_at: float | None  # epoch seconds of this attempt's first completed step in this pod
+    step_seconds: float | None  # the slowest local rank's recent step time
+    slowest_rank: int | None
+
+
+def report_path(checkpoint_root: str, pod: str) -> str:
+    return os.path.join(checkpoint_root, DIRNAME, f"{pod}.json")
+
+
+def write_report(checkpoint_root: str, report: Report) -> None:
+    target = report_path(checkpoint_root, report.pod)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"pod": report.pod, "attempt": report.attempt, "step": report.step, "time": report.time,
+                   "firstStepAt": report.first_step_at, "stepSeconds": report.step_seconds,
+                   "slowestRank": report.slowest_rank}, f)
+    os.replace(tmp, target)
+
+
+def _num(value: Any, lo: float, hi: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) and lo <= v <= hi else None
+
+
+def parse_report(raw: bytes, pod: str) -> Report | None:
+    """A report, or None when the bytes are not one for this pod (hostile input: validate everything)."""
+    if len(raw) > MAX_REPORT_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("pod") != pod:
+        return None
+    attempt, step, when = (_num(data.get(k), 0, 2**53) for k in ("attempt", "step", "time"))
+    if attempt is None or step is None or when is None:
+        return None
+    rank = _num(data.get("slowestRank"), 0, 2**31)
+    return Report(pod, int(attempt), int(step), when, _num(data.get("firstStepAt"), 0, 2**53),
+                  _num(data.get("stepSeconds"), 0, 86400), int(rank) if rank is not None else None)
+
+
+def read_report(checkpoint_root: str, pod: str) -> Report | None:
+    """Read one pod's report without following links or blocking on a FIFO, at most MAX_REPORT_BYTES."""
+    try:
+        fd = os.open(report_path(checkpoint_root, pod), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return parse_report(os.read(fd, MAX_REPORT_BYTES + 1), pod)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_rank(directory: str, rank: int, step: int, step_seconds: float, now: float) -> None:
+    """One rank's line after each step: cheap (a local file, no fsync), overwritten in place."""
+    path = os.path.join(directory, f"rank-{rank}")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"{step} {step_seconds:.6f} {now:.3f}\n")
+    os.replace(tmp, path)
+
+
+def read_ranks(directory: str) -> dict[int, tuple[int, float, float]]:
+    """rank -> (step, step seconds, time) for every rank file in a pod-local directory."""
+    out: dict[int, tuple[int, float, float]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith("rank-") or name.endswith(".tmp"):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                step, secs, when = f.read(200).split()
+            out[int(name[5:])] = (int(step), float(secs), float(when))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def report_step(step: int, step_seconds: float, now: float, rank: int | None = None) -> None:
+    """A rank's call after each step (no-op outside the launcher): its global rank from $RANK."""
+    directory = os.environ.get(RANK_DIR_ENV)
+    if not directory:
+        return
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    with contextlib.suppress(OSError):  # progress is advisory; never fail a training step over it
+        write_rank(directory, rank, step, step_seconds, now)
