@@ -241,6 +241,7 @@ def test_a_cut_off_gang_never_corrupts_the_checkpoint_lineage(
     host = cluster.host_path(HOST_DIR)
     release = host / ns / f"{name}-release"
     release.parent.mkdir(parents=True, exist_ok=True)
+    release.parent.chmod(0o1777)  # the namespace's area: the trainer (non-root) creates its root inside
     release.touch()  # no hold until the test removes it
     scenarios.shared_claim(cluster, ns)
     job = scenarios.example_job(name, ns, replicas=1, min_replicas=1, nprocPerNode=2, steps=STEPS,
