@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,13 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def now_micro() -> str:
-    """RFC 3339 timestamp with microseconds, as the API stores MicroTime."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def now_micro(skew_file: Path | None = None) -> str:
+    """RFC 3339 timestamp with microseconds, as the API stores MicroTime. A test skews this node's clock
+    by writing seconds (e.g. -60) to `skew_file` (<node dir>/clock_skew_s); it is read on every call."""
+    skew = 0.0
+    if skew_file is not None and skew_file.exists():
+        skew = float(skew_file.read_text() or 0)
+    return (datetime.now(UTC) + timedelta(seconds=skew)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ApiError(Exception):
@@ -986,11 +990,12 @@ class NodeAgent:
     def heartbeat_loop(self) -> None:
         """Renew the Lease every second and the node status every 5 s (the node lifecycle controller reads both)."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
+        skew = Path(self.cfg["dir"]) / "clock_skew_s"
         last_status = time.monotonic()
         while True:
             try:
                 try:
-                    self.api.request("PATCH", path, {"spec": {"renewTime": now_micro(), "holderIdentity": self.node,
+                    self.api.request("PATCH", path, {"spec": {"renewTime": now_micro(skew), "holderIdentity": self.node,
                                                               "leaseDurationSeconds": 40}},
                                      content_type="application/merge-patch+json", timeout=5)
                 except ApiError as exc:
@@ -1002,7 +1007,7 @@ class NodeAgent:
                                      "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node,
                                                           "uid": self.node_uid}]},
                         "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40,
-                                 "renewTime": now_micro()}}, timeout=5)
+                                 "renewTime": now_micro(skew)}}, timeout=5)
                 if time.monotonic() - last_status >= STATUS_EVERY_S:
                     self.post_status()
                     last_status = time.monotonic()

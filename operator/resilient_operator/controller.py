@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from resilient_contract import layout
 from resilient_operator import constants as c
 from resilient_operator import metrics, views
+from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, reconcile
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
@@ -40,31 +41,36 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch or None
 
 
-def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
-                                                              dict[str, NodeView], layout.Listing] | None:
-    obj = kube.get_job(namespace, name)
+def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
+                                                                     dict[str, NodeView], layout.Listing] | None:
+    """Memory only: the job, its pods and the node views from the watch-fed caches, plus storage."""
+    obj = cache.job(namespace, name)
     if obj is None:
         return None  # deleted: garbage collection removes its pods and Service (owner references)
     job = views.job_view(obj)
-    pods = [views.pod_view(p) for p in kube.list_job_pods(namespace, name)]
-    raw_nodes, leases = kube.nodes_and_leases()
-    nodes = {n["metadata"]["name"]: views.node_view(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
+    pods = [views.pod_view(p) for p in cache.job_pods(namespace, name)]
+    nodes = cache.node_views()
     listing = layout.discover(job.spec.checkpoint_root) if not job.problem else layout.Listing("", None, (), None, True)
     return obj, job, pods, nodes, listing
 
 
-def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
+def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
+    """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet."""
     ns = obj["metadata"]["namespace"]
     for name in plan.force_delete:
-        kube.delete_pod(ns, name, force=True)
+        if not cache.expected("force-delete", ns, name):
+            kube.delete_pod(ns, name, force=True)
+            cache.expect("force-delete", ns, name)
     for name in plan.delete:
-        kube.delete_pod(ns, name, force=False)
+        if not (cache.expected("delete", ns, name) or cache.expected("force-delete", ns, name)):
+            kube.delete_pod(ns, name, force=False)
+            cache.expect("delete", ns, name)
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
-        kube.write_status(obj, patch)
+        cache.wrote_job(kube.write_status(obj, patch))
     for manifest in plan.manifests():  # rendered one at a time
         try:
-            kube.create(manifest)
+            _create(kube, cache, manifest)
         except ApiException as exc:
             if exc.status and 400 <= exc.status < 500:  # admission, quota, an invalid template: say so
                 what = f"{manifest['kind']} {manifest['metadata']['name']}"
@@ -72,6 +78,19 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
             raise
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
+
+
+def _create(kube: Kube, cache: ClusterCache, manifest: dict[str, Any]) -> None:
+    meta = manifest["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    if manifest["kind"] == "Service":  # not watched: remembered per job uid once it exists
+        owner = next((r.get("uid", "") for r in meta.get("ownerReferences") or []), "")
+        if not cache.service_known(ns, name, owner):
+            kube.create(manifest)
+            cache.service_exists(ns, name, owner)
+    elif not cache.expected("create", ns, name):
+        kube.create(manifest)
+        cache.expect("create", ns, name)
 
 
 def _api_message(exc: ApiException) -> str:
@@ -100,16 +119,16 @@ def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeV
         metrics.TIME_TO_RELAUNCH.observe((now - detected).total_seconds())
 
 
-def reconcile_job(kube: Kube, namespace: str, name: str) -> tuple[float | None, str | None]:
+def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
-        observed = observe(kube, namespace, name)
+        observed = observe(cache, namespace, name)
         if observed is None:
             return None, None
         obj, job, pods, nodes, listing = observed
-        now = datetime.now(UTC)
+        now = cache.clock.now()  # the clock the lease probes were timed with
         plan = reconcile(job, pods, nodes, listing, now)
-        apply(kube, obj, plan)
+        apply(kube, cache, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
         for event in plan.events:
             log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
