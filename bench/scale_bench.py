@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--loss-timeout", type=float, default=30, help="kwok: the jobs' nodeLossTimeoutSeconds")
     ap.add_argument("--steady", type=float, default=60, help="kwok: seconds of quiet steady state measured")
     ap.add_argument("--operator-workers", type=int, default=None, help="kwok: RTJ_WORKERS for the operator")
+    ap.add_argument("--keep", action="store_true", help="kwok: keep the cluster's logs (its directory is printed)")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
     if args.kill >= args.nodes:
@@ -172,7 +173,9 @@ def run_kwok(args: argparse.Namespace) -> None:
               f"no LIST in steady state: {steady_lists == 0}; RSS {result.rss_mib['after']:.0f} MiB < 500 MiB: "
               f"{result.rss_mib['after'] < 500}")  # fmt: skip
     finally:
-        kc.stop(remove=True)
+        kc.stop(remove=not args.keep)
+        if args.keep:
+            print(f"logs kept in {kc.cluster.dir}")
 
 
 if __name__ == "__main__":

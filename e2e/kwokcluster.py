@@ -107,9 +107,12 @@ class KwokCluster:
         support.wait_operator_ready(cl)
         wait_for(lambda: support.operator_metrics(cl), 120, "operator metrics")
 
-    def add_nodes(self, names: list[str], *, cpu: str = "64", memory: str = "512Gi", gpus: int = 16,
+    def add_nodes(self, names: list[str], *, cpu: str = "64", memory: str = "512Gi", gpus: int = 32,
                   pods: int = 110, timeout: float = 600) -> None:
-        """Create KWOK nodes (in parallel) and wait until every one is Ready."""
+        """Create KWOK nodes (in parallel) and wait until every one is Ready.
+
+        32 GPUs a node (twice the bench's demand): the hit jobs must fit again after the kill, because the core
+        sizes a job from the healthy nodes' allocatable, not from what other jobs already hold."""
         from kubernetes import client
 
         api = client.CoreV1Api(self.cluster.api_client())
@@ -266,7 +269,8 @@ class ScaleResult:
     recovery_requests: Counter[tuple[str, str]]
     reconcile: dict[str, tuple[float, float, float]]
     errors: float
-    list_watch_startup: Counter[tuple[str, str]] = field(default_factory=Counter)
+    control_plane_cpu_s: dict[str, float] = field(default_factory=dict)  # per component, during the recovery
+    load_average: float = 0.0  # the machine's 1-minute load at the end (other tenants included)
 
     def table(self) -> str:
         rel = self.relaunch_s
@@ -287,6 +291,10 @@ class ScaleResult:
         for label, (n, p50, p99) in self.reconcile.items():
             lines.append(f"{'reconcile ' + label:<34} n={n:<7.0f} p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
         lines.append(f"{'reconcile errors':<34} {self.errors:8.0f}")
+        if self.control_plane_cpu_s:
+            cpu = ", ".join(f"{n} {v:.0f}" for n, v in sorted(self.control_plane_cpu_s.items(), key=lambda x: -x[1]))
+            lines.append(f"{'CPU s in the recovery':<34} operator {self.cpu_s['recovery']:.0f}, {cpu}; "
+                         f"machine load {self.load_average:.1f} on {os.cpu_count()} cores")
         for label, secs, reqs in (("steady state", self.steady_s, self.steady_requests),
                                   ("recovery", self.recovery_s, self.recovery_requests)):
             text = ", ".join(f"{verb} {res}: {n}" for (verb, res), n in sorted(reqs.items())) or "none"
@@ -360,6 +368,8 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         placed.setdefault(pod["metadata"]["labels"][c.LABEL_JOB], set()).add(pod["spec"].get("nodeName"))
     hit = sorted(j for j, on in placed.items() if on & dead)
     before = {n: s.get("attempt", 1) for n, s in statuses().items()}
+    comps = {n: comp.proc.pid for n, comp in cl.components.items() if comp.proc.poll() is None}
+    cp0 = {n: cpu_seconds(p) for n, p in comps.items()}
     k0, tk = _utcnow(), time.monotonic()
     kc.kill_nodes(sorted(dead))
     log(f"killed {kill} nodes; {len(hit)} jobs hit")
@@ -385,6 +395,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         wait_for(all_back, timeout, f"the {len(hit)} hit jobs running again on live nodes", interval=0.5)
     finally:
         k1 = _utcnow()
+        cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
     time.sleep(2)  # a window for a second, spurious restart to show
     st = statuses()
     m3 = support.operator_metrics(cl)
@@ -403,7 +414,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         recovery_s=(k1 - k0).total_seconds(), recovery_requests=operator_requests(kc.audit_log, k0, k1),
         reconcile={"start-up": reconcile_stats(m1, m0), "steady": reconcile_stats(m2, m1),
                    "recovery": reconcile_stats(m3, m2)},
-        errors=sum(errors.values()),
+        errors=sum(errors.values()), control_plane_cpu_s=cp1, load_average=os.getloadavg()[0],
     )
 
 
