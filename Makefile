@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --progress-bar off -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm
+binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm, kwok
 	bash hack/k8s/build.sh
+	bash hack/kwok/build.sh
 
 lint: venv ## ruff, the layer contracts (import-linter, .importlinter) and mypy (strict on the core and the contracts)
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,15 @@
-"""Many jobs on one operator: memory and reconcile latency on the local cluster, with nodes killed.
+"""Many jobs on one operator: memory, CPU, API requests and latency with nodes killed at once.
+
+Two substrates. `--substrate kwok` (scale): KWOK fakes N nodes and their pods on the real local control
+plane (no processes); J jobs of W workers (elastic min W/2) are submitted, run, sit through a quiet
+steady state, then K nodes die at once. Reported from the same run: submit -> all running; kill -> every
+hit job running again on live nodes (p50/p99/max); hit jobs restarted twice; the operator's RSS and CPU
+seconds; its API requests by verb and resource (from the API server's audit log, filtered to the
+operator's ServiceAccount) in the steady state and during the recovery; reconcile latency p50/p99.
+
+    python bench/scale_bench.py --substrate kwok --nodes 1000 --jobs 2000 --workers 8 --kill 100
+
+`--substrate process` (the default, below): real node agents and worker processes.
 
 Starts a local cluster (real control plane, simulated nodes), installs the operator with helm as the
 e2e suite does, submits N one-worker jobs whose stand-in worker requests no GPU (each worker is a real
@@ -20,7 +31,6 @@ operator, dominates the wall times; the RSS and reconcile figures are the operat
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,45 +38,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e import support
+from e2e.kwokcluster import KwokCluster, delta, histogram, percentile, quantile, run_scale
 from e2e.localcluster.cluster import Cluster, wait_for
 from resilient_operator import constants as c
-
-
-def histogram(text: str, name: str) -> tuple[list[tuple[float, float]], float, float]:
-    """Cumulative buckets [(le, count)], sum and count of one Prometheus histogram."""
-    buckets: list[tuple[float, float]] = []
-    total = count = 0.0
-    for key, value in support.metric_samples(text, name).items():
-        if key.startswith(f"{name}_bucket"):
-            le = key.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((math.inf if le == "+Inf" else float(le), value))
-        elif key.startswith(f"{name}_sum"):
-            total = value
-        elif key.startswith(f"{name}_count"):
-            count = value
-    return sorted(buckets), total, count
-
-
-def quantile(buckets: list[tuple[float, float]], q: float) -> float:
-    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
-    if not buckets or buckets[-1][1] == 0:
-        return float("nan")
-    rank = q * buckets[-1][1]
-    lower_le, lower_count = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return lower_le
-            if count == lower_count:
-                return le
-            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
-        lower_le, lower_count = le, count
-    return buckets[-1][0]
-
-
-def delta(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    base = dict(before)
-    return [(le, n - base.get(le, 0.0)) for le, n in after]
 
 
 def latency_line(label: str, text_after: str, text_before: str) -> str:
@@ -86,14 +60,23 @@ def rss_mib(cl: Cluster) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--substrate", choices=("process", "kwok"), default="process")
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--kill", type=int, default=2, help="pool nodes killed once all jobs run")
     ap.add_argument("--nodes", type=int, default=4, help="pool nodes (each holds up to --pods-per-node pods)")
     ap.add_argument("--pods-per-node", type=int, default=250)
+    ap.add_argument("--workers", type=int, default=8, help="kwok: workers per job (elastic min is half)")
+    ap.add_argument("--loss-timeout", type=float, default=30, help="kwok: the jobs' nodeLossTimeoutSeconds")
+    ap.add_argument("--steady", type=float, default=60, help="kwok: seconds of quiet steady state measured")
+    ap.add_argument("--operator-workers", type=int, default=None, help="kwok: RTJ_WORKERS for the operator")
+    ap.add_argument("--keep", action="store_true", help="kwok: keep the cluster's logs (its directory is printed)")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
     if args.kill >= args.nodes:
         ap.error("--kill must leave at least one pool node")
+    if args.substrate == "kwok":
+        run_kwok(args)
+        return
 
     cl = Cluster.start("scale", node_monitor_grace_period="8s")
     try:
@@ -174,6 +157,25 @@ def main() -> None:
         print(f"{'reconcile errors':<28} {sum(errors.values()):.0f} {dict(errors) if errors else ''}")
     finally:
         cl.stop(remove=True)
+
+
+def run_kwok(args: argparse.Namespace) -> None:
+    kc = KwokCluster.start("kwokbench")
+    try:
+        kc.install_operator(workers=args.operator_workers)
+        result = run_scale(kc, nodes=args.nodes, jobs=args.jobs, workers=args.workers, kill=args.kill,
+                           loss_timeout=args.loss_timeout, steady=args.steady, timeout=args.timeout,
+                           log=lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True))
+        print("\n" + result.table())
+        p99 = percentile(result.relaunch_s, 0.99)
+        steady_lists = sum(n for (verb, _), n in result.steady_requests.items() if verb == "list")
+        print(f"goals: relaunch p99 {p99:.1f} s <= {args.loss_timeout + 5:.0f} s: {p99 <= args.loss_timeout + 5}; "
+              f"no LIST in steady state: {steady_lists == 0}; RSS {result.rss_mib['after']:.0f} MiB < 500 MiB: "
+              f"{result.rss_mib['after'] < 500}")  # fmt: skip
+    finally:
+        kc.stop(remove=not args.keep)
+        if args.keep:
+            print(f"logs kept in {kc.cluster.dir}")
 
 
 if __name__ == "__main__":

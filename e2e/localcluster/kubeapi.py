@@ -14,7 +14,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 LOG = logging.getLogger("node-agent")
@@ -25,9 +26,13 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def now_micro() -> str:
-    """RFC 3339 timestamp with microseconds, as the API stores MicroTime."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def now_micro(skew_file: Path | None = None) -> str:
+    """RFC 3339 timestamp with microseconds, as the API stores MicroTime. A test skews this node's clock
+    by writing seconds (e.g. -60) to `skew_file` (<node dir>/clock_skew_s); it is read on every call."""
+    skew = 0.0
+    if skew_file is not None and skew_file.exists():
+        skew = float(skew_file.read_text() or 0)
+    return (datetime.now(UTC) + timedelta(seconds=skew)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ApiError(Exception):

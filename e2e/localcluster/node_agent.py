@@ -117,11 +117,12 @@ class NodeAgent:
     def heartbeat_loop(self) -> None:
         """Renew the Lease every second and the node status every 5 s (the node lifecycle controller reads both)."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
+        skew = Path(self.cfg["dir"]) / "clock_skew_s"  # a test's clock offset for this node (chaos tests)
         last_status = time.monotonic()
         while True:
             try:
                 try:
-                    self.api.request("PATCH", path, {"spec": {"renewTime": now_micro(), "holderIdentity": self.node,
+                    self.api.request("PATCH", path, {"spec": {"renewTime": now_micro(skew), "holderIdentity": self.node,
                                                               "leaseDurationSeconds": 40}},
                                      content_type="application/merge-patch+json", timeout=5)
                 except ApiError as exc:
@@ -133,7 +134,7 @@ class NodeAgent:
                                      "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node,
                                                           "uid": self.node_uid}]},
                         "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40,
-                                 "renewTime": now_micro()}}, timeout=5)
+                                 "renewTime": now_micro(skew)}}, timeout=5)
                 if time.monotonic() - last_status >= STATUS_EVERY_S:
                     self.post_status()
                     last_status = time.monotonic()

@@ -376,3 +376,60 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
     finally:
         stop.set()
         launcher.cleanup()
+
+
+# ---- 6. a node whose clock is wrong -----------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_skewed_node_clock_is_neither_lost_nor_immortal(cluster: Cluster, namespace: str) -> None:
+    """One node writes renewTimes 60 s in the past, then 60 s in the future, while alive: no restart (the
+    operator times renewals by its own clock). Then it dies: exactly one restart, within the timeout."""
+    name = "skew"
+    timeout = 10
+    apply(cluster, job_manifest(name, namespace, replicas=2, min_replicas=1, nodeLossTimeoutSeconds=timeout))
+    pods = running_attempt(cluster, namespace, name, 1, 2)
+    node = node_of(pods, "1")
+    skew = cluster.nodes[node].dir / "clock_skew_s"
+    try:
+        for seconds in (-60, 60):
+            skew.write_text(str(seconds))
+            time.sleep(timeout + 3)  # a window for a spurious loss to show (a renewTime 60 s old looks dead)
+            status = job_status(cluster, namespace, name)
+            assert status["attempt"] == 1 and status["restarts"]["infrastructure"] == 0, (seconds, status)
+        t0 = time.monotonic()
+        cluster.kill_node(node)  # its last renewTime claims it is alive for another 60 s
+        status = wait_for(lambda: (s := job_status(cluster, namespace, name))["restarts"]["infrastructure"] >= 1
+                          and s, timeout + 30, "the loss recorded")  # fmt: skip
+        detected = time.monotonic() - t0
+    finally:
+        skew.unlink(missing_ok=True)
+    print(f"\nskewed node {node} killed; loss recorded after {detected:.1f}s (timeout {timeout}s)")
+    assert status["lastFailure"]["node"] == node
+    assert detected <= timeout + 5, detected
+    running_attempt(cluster, namespace, name, 2, 2, timeout=120)  # three pool nodes are left
+    status = job_status(cluster, namespace, name)
+    assert status["attempt"] == 2 and status["restarts"]["infrastructure"] == 1, status["restarts"]
+
+
+# ---- 7. the operator's caches after time away ---------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_informer_relist_reports_what_was_deleted_while_it_was_not_watching(cluster: Cluster, namespace: str) -> None:
+    """kopf replays objects after a re-list but cannot say what vanished; our informer's re-list can."""
+    from kubernetes import client
+
+    from resilient_operator.informer import Informer
+
+    api = client.CoreV1Api(cluster.api_client())
+    events_seen: list[tuple[str, str]] = []
+    inf = Informer("test-pods", lambda **kw: api.list_namespaced_pod(namespace, **kw), label_selector=c.LABEL_JOB,
+                   handler=lambda t, old, new: events_seen.append((t, (new or old or {})["metadata"]["name"])))
+    for name in ("a", "b"):  # never scheduled (no such node label): plain objects for the cache
+        api.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": {c.LABEL_JOB: "x"}}, "spec": {
+            "nodeSelector": {"nowhere": "x"}, "containers": [{"name": "c", "image": "busybox"}]}})
+    inf.relist()  # as at start-up; the watch is not running (the informer is "away")
+    assert {k[1] for k in inf._store} == {"a", "b"} and sorted(events_seen) == [("ADDED", "a"), ("ADDED", "b")]
+    api.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
+    wait_for(lambda: len(api.list_namespaced_pod(namespace, label_selector=c.LABEL_JOB).items) == 1, 30, "a gone")
+    events_seen.clear()
+    inf.relist()  # as after a 410 or an API-server restart
+    assert inf.get((namespace, "a")) is None and inf.get((namespace, "b")) is not None
+    assert events_seen == [("DELETED", "a")]

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from resilient_contract import layout, progress
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
+from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress
 from resilient_operator.core.timeutil import parse
@@ -42,15 +43,15 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch or None
 
 
-def observe(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
-                                                              dict[str, NodeView], layout.Listing] | None:
-    obj = kube.get_job(namespace, name)
+def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
+                                                                     dict[str, NodeView], layout.Listing] | None:
+    """Memory only: the job, its pods and the node views from the watch-fed caches, plus storage."""
+    obj = cache.job(namespace, name)
     if obj is None:
         return None  # deleted: garbage collection removes its pods and Service (owner references)
     job = views.job_view(obj)
-    pods = [views.pod_view(p) for p in kube.list_job_pods(namespace, name)]
-    raw_nodes, leases = kube.nodes_and_leases()
-    nodes = {n["metadata"]["name"]: views.node_view(n, leases.get(n["metadata"]["name"])) for n in raw_nodes}
+    pods = [views.pod_view(p) for p in cache.job_pods(namespace, name)]
+    nodes = cache.node_views()
     if job.problem:  # the core refuses the job; nothing to read
         return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
     # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
@@ -78,18 +79,23 @@ def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
     return out
 
 
-def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
+def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
+    """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet."""
     ns = obj["metadata"]["namespace"]
     for name in plan.force_delete:
-        kube.delete_pod(ns, name, force=True)
+        if not cache.expected("force-delete", ns, name):
+            kube.delete_pod(ns, name, force=True)
+            cache.expect("force-delete", ns, name)
     for name in plan.delete:
-        kube.delete_pod(ns, name, force=False)
+        if not (cache.expected("delete", ns, name) or cache.expected("force-delete", ns, name)):
+            kube.delete_pod(ns, name, force=False)
+            cache.expect("delete", ns, name)
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
-        kube.write_status(obj, patch)
+        cache.wrote_job(kube.write_status(obj, patch))
     for manifest in plan.manifests():  # rendered one at a time
         try:
-            kube.create(manifest)
+            _create(kube, cache, manifest)
         except ApiException as exc:
             if exc.status and 400 <= exc.status < 500:  # admission, quota, an invalid template: say so
                 what = f"{manifest['kind']} {manifest['metadata']['name']}"
@@ -99,6 +105,19 @@ def apply(kube: Kube, obj: dict[str, Any], plan: Plan) -> None:
         kube.delete_pdb(ns, name)
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
+
+
+def _create(kube: Kube, cache: ClusterCache, manifest: dict[str, Any]) -> None:
+    meta = manifest["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    if manifest["kind"] == "Service":  # not watched: remembered per job uid once it exists
+        owner = next((r.get("uid", "") for r in meta.get("ownerReferences") or []), "")
+        if not cache.service_known(ns, name, owner):
+            kube.create(manifest)
+            cache.service_exists(ns, name, owner)
+    elif not cache.expected("create", ns, name):
+        kube.create(manifest)
+        cache.expect("create", ns, name)
 
 
 def _api_message(exc: ApiException) -> str:
@@ -145,19 +164,19 @@ def taint_bad_nodes(kube: Kube, config: OperatorConfig, nodes: dict[str, NodeVie
             log.warning("tainted node %s: %s", decision.node, decision.message)
 
 
-def reconcile_job(kube: Kube, namespace: str, name: str,
+def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
                   config: OperatorConfig | None = None) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
-        observed = observe(kube, namespace, name)
+        observed = observe(cache, namespace, name)
         if observed is None:
             return None, None
         obj, job, pods, nodes, listing = observed
-        now = datetime.now(UTC)
+        now = cache.clock.now()  # the clock the lease probes were timed with
         reports = read_progress(job, pods) if not listing.error else []  # only under a root discovery accepted
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
                          config=config or OperatorConfig())
-        apply(kube, obj, plan)
+        apply(kube, cache, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
         where = {p.name: p.node_name or "" for p in pods}

@@ -1,9 +1,11 @@
-"""kopf wiring: watches turn into work-queue keys; workers run the controller. Nothing decides here.
+"""Wiring: cache events turn into work-queue keys; workers run the controller. Nothing decides here.
 
-Watched: jobs, their pods (by label), nodes, and node Leases. A job is queued when it, one of its
-pods, or a node hosting its pods changes; jobs whose size depends on capacity (waiting, or running
-below their desired size) are also queued when any node or lease changes. A lease going stale sends
-no event, so the core's `requeue_after` (the lease deadline) brings the job back instead.
+kopf is the runtime (start-up, liveness, cleanup); the watches are our informers (cache.py), because a
+cache fed by kopf's watches cannot learn what was deleted while a watch was down. Watched: jobs, their
+pods (by label), nodes, and node Leases. A job is queued when it, one of its pods, or a node hosting its
+pods changes; jobs whose size depends on capacity (waiting, or running below their desired size) are
+also queued when any node changes or a lease is seen renewed. A lease going stale sends no event, so the
+core's `requeue_after` (the lease deadline) brings the job back instead.
 """
 
 from __future__ import annotations
@@ -19,24 +21,28 @@ from prometheus_client import start_http_server
 
 from resilient_operator import constants as c
 from resilient_operator import controller, discovery, metrics
+from resilient_operator.cache import ClusterCache
 from resilient_operator.core import routing
-from resilient_operator.kube import NODE_LEASE_NAMESPACE, Conflict, Kube, load_config
+from resilient_operator.informer import Obj
+from resilient_operator.kube import Conflict, Kube, load_config
 from resilient_operator.settings import Settings
 from resilient_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 JobKey = tuple[str, str]
 ERROR_RETRY_SECONDS = 1.0
-MAX_ERROR_RETRY_SECONDS = 10.0  # an API outage should not delay recovery by more than this
+MAX_ERROR_RETRY_SECONDS = 10.0
+BLIND_RETRY_SECONDS = 1.0  # an API outage should not delay recovery by more than this
 
 
 @dataclass
 class State:
-    """In-memory routing only (which job to wake); every decision re-reads the cluster."""
+    """In-memory routing only (which job to wake); every decision re-reads the caches."""
 
     settings: Settings
     queue: WorkQueue[JobKey] = field(default_factory=WorkQueue)
     kube: Kube | None = None
+    cache: ClusterCache | None = None
     phases: dict[JobKey, str] = field(default_factory=dict)
     capacity_bound: set[JobKey] = field(default_factory=set)
     pods_on_node: dict[str, dict[str, JobKey]] = field(default_factory=lambda: defaultdict(dict))
@@ -63,23 +69,39 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     discovery.start(state.settings.discovery)  # checkpoint discovery's sandboxed worker pool
     if state.settings.metrics_port:
         start_http_server(state.settings.metrics_port)
+    loop = asyncio.get_running_loop()
+
+    def notify(resource: str, etype: str, old: Obj | None, new: Obj | None) -> None:
+        loop.call_soon_threadsafe(_route, state, resource, etype, old, new)
+
+    state.cache = ClusterCache(state.kube.api, state.settings.namespaces, notify)
+    state.cache.start()
+    while not await asyncio.to_thread(state.cache.wait_synced, 10):  # workers read only a filled cache
+        log.info("waiting for the caches to sync")
     for index in range(state.settings.workers):
         state.tasks.append(asyncio.create_task(_worker(state), name=f"rtj-worker-{index}"))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
-    for task in _state(memo).tasks:
+    state = _state(memo)
+    for task in state.tasks:
         task.cancel()
     discovery.shutdown()
+    if state.cache is not None:
+        state.cache.stop()
 
 
 async def _worker(state: State) -> None:
-    assert state.kube is not None
+    assert state.kube is not None and state.cache is not None
     while True:
         key = await state.queue.get()
+        if state.cache.blind():  # judging node health now would count our own blindness against nodes
+            state.queue.done(key)
+            state.queue.add(key, BLIND_RETRY_SECONDS)
+            continue
         try:
-            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, *key,
+            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, state.cache, *key,
                                                      state.settings.config)
             if phase:
                 _note_phase(state, key, phase)
@@ -107,11 +129,25 @@ def _note_phase(state: State, key: JobKey, phase: str) -> None:
         metrics.JOBS_BY_PHASE.labels(phase=phase).inc()
 
 
-@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
-    state = _state(memo)
+def _route(state: State, resource: str, etype: str, old: Obj | None, new: Obj | None) -> None:
+    """Which jobs an event wakes (on the event loop, called from the informers' threads)."""
+    obj = new if new is not None else old
+    if obj is None:
+        return
+    if resource == "jobs":
+        _job_event(state, etype, obj)
+    elif resource == "pods":
+        _pod_event(state, etype, obj)
+    elif resource == "nodes":
+        _wake_for_node(state, obj["metadata"]["name"])
+    elif resource == "leases":  # a renewal is good news for that node; only capacity-bound jobs care
+        for key in state.capacity_bound:
+            state.queue.add(key)
+
+
+def _job_event(state: State, etype: str, body: Obj) -> None:
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    if event["type"] == "DELETED":
+    if etype == "DELETED":
         state.queue.forget(key)
         state.capacity_bound.discard(key)
         if key in state.phases:
@@ -125,15 +161,20 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) 
     state.queue.add(key)
 
 
-@kopf.on.event("", "v1", "pods", labels={c.LABEL_JOB: kopf.PRESENT})
-async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
-    state = _state(memo)
+def _pod_event(state: State, etype: str, body: Obj) -> None:
     meta = body["metadata"]
-    key = (meta["namespace"], meta["labels"][c.LABEL_JOB])
+    job = (meta.get("labels") or {}).get(c.LABEL_JOB)
+    if not isinstance(job, str):
+        return
+    key = (meta["namespace"], job)
     node = (body.get("spec") or {}).get("nodeName")
     if node:
-        if event["type"] == "DELETED":
-            state.pods_on_node[node].pop(meta["name"], None)
+        if etype == "DELETED":
+            on_node = state.pods_on_node.get(node)
+            if on_node is not None:
+                on_node.pop(meta["name"], None)
+                if not on_node:
+                    del state.pods_on_node[node]
         else:
             state.pods_on_node[node][meta["name"]] = key
     state.queue.add(key)
@@ -141,17 +182,4 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) 
 
 def _wake_for_node(state: State, node: str) -> None:
     for key in set(state.pods_on_node.get(node, {}).values()) | state.capacity_bound:
-        state.queue.add(key)
-
-
-@kopf.on.event("", "v1", "nodes")
-async def node_event(name: str, memo: Any, **_: Any) -> None:
-    _wake_for_node(_state(memo), name)
-
-
-@kopf.on.event("coordination.k8s.io", "v1", "leases", when=lambda namespace, **_: namespace == NODE_LEASE_NAMESPACE)
-async def lease_event(memo: Any, **_: Any) -> None:
-    """A renewal is good news for jobs on that node; only capacity-bound jobs care."""
-    state = _state(memo)
-    for key in state.capacity_bound:
         state.queue.add(key)

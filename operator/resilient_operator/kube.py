@@ -1,7 +1,6 @@
-"""The only module that talks to the Kubernetes API (kopf's own watches aside).
+"""The operator's writes to the Kubernetes API (its reads come from the watch-fed caches in cache.py).
 
-Everything returns the API's raw JSON dicts, which is what the core's parsers read. Calls are
-synchronous (the official client) and run in worker threads from the controller.
+Calls are synchronous (the official client) and run in worker threads from the controller.
 """
 
 from __future__ import annotations
@@ -9,8 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,52 +39,21 @@ def _raw(response: Any) -> Any:
 class Kube:
     """Thin, typed wrappers over the calls the controller needs."""
 
-    def __init__(self, api_client: client.ApiClient | None = None, node_cache_seconds: float = 0.25) -> None:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
-        self.coordination = client.CoordinationV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
-        self._nodes_lock = threading.Lock()
-        self._nodes_at = 0.0
-        self._nodes: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] = ([], {})
-        self._node_cache_seconds = node_cache_seconds
         self.identity = os.environ.get("POD_NAME") or COMPONENT
 
-    # reads -----------------------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return _raw(self.custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def list_job_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        resp = self.core.list_namespaced_pod(namespace, label_selector=f"{c.LABEL_JOB}={name}",
-                                             _preload_content=False)
-        return _raw(resp)["items"]
-
-    def nodes_and_leases(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """All nodes and their leases; one listing is shared by the reconciles of a burst."""
-        with self._nodes_lock:
-            if time.monotonic() - self._nodes_at > self._node_cache_seconds:
-                nodes = _raw(self.core.list_node(_preload_content=False))["items"]
-                leases = _raw(self.coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE,
-                                                                      _preload_content=False))["items"]
-                self._nodes = (nodes, {lease["metadata"]["name"]: lease for lease in leases})
-                self._nodes_at = time.monotonic()
-            return self._nodes
-
     # writes ----------------------------------------------------------------------------------
-    def write_status(self, job: dict[str, Any], patch: dict[str, Any]) -> None:
-        """Merge-patch the status subresource, guarded by the resourceVersion we read."""
+    def write_status(self, job: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the status subresource, guarded by the resourceVersion we read; the job written."""
         meta = job["metadata"]
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                c.GROUP, c.VERSION, meta["namespace"], c.PLURAL, meta["name"], body)
+            return _raw(self.custom.patch_namespaced_custom_object_status(
+                c.GROUP, c.VERSION, meta["namespace"], c.PLURAL, meta["name"], body, _preload_content=False))
         except ApiException as exc:
             if exc.status in (404, 409):
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -271,7 +272,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
     )
 
 
-def node_view(node: Mapping[str, Any], lease: Mapping[str, Any] | None) -> NodeView:
+def node_view(node: Mapping[str, Any], lease_renewed: datetime | None) -> NodeView:
+    """`lease_renewed` is when the operator saw the node's Lease change (core.probes), never renewTime."""
     meta = node["metadata"]
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -280,9 +282,6 @@ def node_view(node: Mapping[str, Any], lease: Mapping[str, Any] | None) -> NodeV
         if cond.get("type") == "Ready":
             ready = cond.get("status") or "Unknown"
             since = timeutil.parse(cond.get("lastTransitionTime"))
-    renewed = None
-    if lease:
-        renewed = timeutil.parse((lease.get("spec") or {}).get("renewTime"))
     allocatable = {}
     for name, value in (status.get("allocatable") or {}).items():
         try:
@@ -295,7 +294,7 @@ def node_view(node: Mapping[str, Any], lease: Mapping[str, Any] | None) -> NodeV
         ready_since=since,
         taints=tuple(Taint(t["key"], t.get("effect", ""), t.get("value") or "") for t in spec.get("taints") or []),
         unschedulable=bool(spec.get("unschedulable")),
-        lease_renewed=renewed,
+        lease_renewed=lease_renewed,
         allocatable=allocatable,
         labels=dict(meta.get("labels") or {}),
     )

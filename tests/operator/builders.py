@@ -85,8 +85,7 @@ def node(
             "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": fmt(NOW - since)}],
         },
     }
-    lease = None if lease_age is None else {"spec": {"renewTime": fmt(NOW - timedelta(seconds=lease_age))}}
-    return views.node_view(obj, lease)
+    return views.node_view(obj, None if lease_age is None else NOW - timedelta(seconds=lease_age))
 
 
 def nodes(*views: NodeView) -> dict[str, NodeView]:
