@@ -13,7 +13,7 @@ import pytest
 
 from e2e.localcluster.cluster import Cluster, wait_for
 from e2e.support import MOUNT, RELEASE, apply, running_attempt, tiny_job
-from e2e.tests.operator_fixtures import cluster, namespace  # noqa: F401  (fixtures)
+from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from e2e.tests.test_security import release_with
 
 pytestmark = [pytest.mark.cluster]
