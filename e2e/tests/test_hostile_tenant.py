@@ -78,10 +78,18 @@ def test_a_hostile_root_beside_a_healthy_job_that_loses_a_node(cluster: ClusterL
     pods = running_attempt(cluster, namespace, "healthy", 1, 2, timeout=120)
     killed_at = time.monotonic()
     cluster.kill_node(node_of(pods, "1"))
-    new = running_attempt(cluster, namespace, "healthy", 2, 1, timeout=90)
+    def relaunched() -> list[Any] | None:
+        status = get_job(cluster, namespace, "healthy").get("status") or {}
+        if status.get("attempt") != 2 or status.get("phase") != c.RUNNING:
+            return None
+        pods = [p for p in job_pods(cluster, namespace, "healthy") if p.metadata.labels[c.LABEL_ATTEMPT] == "2"]
+        return pods if pods and all(p.status.phase == "Running" for p in pods) else None
+
+    new = wait_for(relaunched, 90, "the healthy job running again as attempt 2")
     relaunch = time.monotonic() - killed_at
     print(f"\nbeside two hostile roots: node killed -> healthy job running again in {relaunch:.1f}s (timeout 4s)")
     assert relaunch <= 4 + 15  # the node-loss timeout, the settle wait and a discovery deadline at most
+    assert all(p.spec.node_name != node_of(pods, "1") for p in new)
     env = {e.name: e.value for e in new[0].spec.containers[0].env}
     assert env[environment.RESUME_FROM] == f"{MOUNT}/{namespace}/healthy/step-0000000007"
     # the hostile jobs said what was wrong with their roots instead of hanging or crashing anyone
