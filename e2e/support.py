@@ -7,8 +7,10 @@ each) so a job's capacity is exactly the number of live pool nodes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import signal
 import warnings
 from collections.abc import Iterator
@@ -99,7 +101,10 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
 
 
 def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    ns = f"t-{request.node.name.replace('_', '-')[:40].strip('-').lower()}"
+    # readable, and unique per parametrized case (the next case starts while the last one's namespace goes)
+    digest = hashlib.sha1(request.node.name.encode()).hexdigest()[:6]
+    readable = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:36].strip("-")
+    ns = f"t-{readable}-{digest}"
     cluster.kubectl("create", "namespace", ns)
     cluster.wait_for_default_sa(ns)
     yield ns
@@ -233,8 +238,14 @@ def operator_metrics(cl: Cluster, timeout: float = 5) -> str:
     import urllib.request
 
     pod = operator_pod(cl)
-    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=timeout) as resp:
-        return str(resp.read().decode())
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=timeout) as resp:
+            return str(resp.read().decode())
+
+    # Pod addresses live inside the local cluster's network namespace; kind's are routed from the host.
+    in_netns = getattr(cl, "in_netns", None)
+    return str(in_netns(scrape, timeout=timeout + 5)) if in_netns else scrape()
 
 
 def metric_samples(text: str, name: str) -> dict[str, float]:

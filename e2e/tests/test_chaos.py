@@ -263,8 +263,8 @@ def test_fifty_jobs_with_two_nodes_killed_each_recovers_or_waits(cluster: Cluste
     job that had its worker there runs again on a live node, every other one is untouched, and the big one
     waits below its minimum until a node returns, then starts once."""
     small = [f"s{i:02d}" for i in range(49)]
-    cluster.apply([tiny_job(n, namespace) for n in small] + [job_manifest("gpu", namespace, replicas=3,
-                                                                         min_replicas=3)])  # fmt: skip
+    gpu = job_manifest("gpu", namespace, replicas=3, min_replicas=3, badNodeSeconds=0)  # returning nodes count
+    cluster.apply([tiny_job(n, namespace) for n in small] + [gpu])
     t0 = time.monotonic()
 
     def all_running() -> bool:

@@ -140,7 +140,9 @@ def test_two_losses_then_capacity_returns_and_the_job_grows_back(
     import torch
 
     ns, name = job_ns, "twice"
-    job = submit(cluster, ns, name, steps=STEPS, checkpoint_every=3, step_delay=0.4)
+    # badNodeSeconds=0: the returning nodes are the capacity this test is about (bad-node memory would keep
+    # the job off them for an hour; it has its own tests)
+    job = submit(cluster, ns, name, steps=STEPS, checkpoint_every=3, step_delay=0.4, badNodeSeconds=0)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     scenarios.first_complete_checkpoint(cluster, job)
     first = scenarios.kill_and_time(cluster, ns, name, node_of(pods, "3"))
@@ -182,7 +184,7 @@ def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
     cluster: Cluster, job_ns: str
 ) -> None:
     ns, name = job_ns, "short"
-    job = submit(cluster, ns, name, steps=200, step_delay=0.5, min_replicas=3)
+    job = submit(cluster, ns, name, steps=200, step_delay=0.5, min_replicas=3, badNodeSeconds=0)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     scenarios.first_complete_checkpoint(cluster, job)
     dead = [node_of(pods, "0"), node_of(pods, "3")]
