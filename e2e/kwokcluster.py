@@ -305,7 +305,7 @@ class ScaleResult:
 def job_body(name: str, ns: str, workers: int, loss_timeout: float) -> dict[str, Any]:
     return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name, "namespace": ns},
             "spec": {"replicas": workers, "elasticPolicy": {"minReplicas": max(workers // 2, 1)},
-                     "checkpoint": {"root": f"{support.MOUNT}/{ns}-{name}"},
+                     "checkpoint": {"root": f"{support.MOUNT}/{ns}/{name}"},
                      "nodeLossTimeoutSeconds": int(loss_timeout), "template": kwok_worker_template()}}
 
 
