@@ -294,9 +294,31 @@ def _local_path(uri: str) -> str:
     return uri
 
 
-def open_store(uri: str) -> CheckpointStore:
-    """Resolve a checkpoint root URI: a path or `file://` now; other schemes fail with a clear error."""
+def open_store(uri: str, s3: Any = None) -> CheckpointStore:
+    """Resolve a checkpoint root URI: a path, `file://` or `s3://bucket/prefix` (with `s3`, an
+    `s3store.S3Credentials`, or the standard AWS environment); other schemes fail with a clear error."""
+    if uri.startswith("s3://"):
+        return _open_s3(uri, s3)
     return LocalStore(_local_path(uri))
+
+
+def _open_s3(uri: str, creds: Any, area: str | None = None) -> CheckpointStore:
+    from resilient_contract import s3store  # deferred: s3fs is needed for s3:// roots only
+
+    try:
+        loc = s3store.parse_uri(uri)
+    except ValueError as exc:
+        raise StorageError(str(exc), REASON_INVALID_ROOT) from None
+    if area is not None:
+        try:
+            allowed = s3store.parse_uri(area)
+        except ValueError:
+            allowed = None
+        inside = allowed is not None and allowed.bucket == loc.bucket and within_area(loc.prefix, allowed.prefix)
+        if not inside:
+            raise StorageError(f"checkpoint root {loc.uri} is not inside an object-store area this job's namespace "
+                               "may use", REASON_ROOT_OUTSIDE_AREA)  # fmt: skip
+    return s3store.S3Store(loc.uri, creds)
 
 
 def _components(path: str) -> list[str]:
@@ -623,17 +645,22 @@ def _verdict(data: Any) -> Verdict:
 
 
 def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCAN, job: str | None = None,
-             starts: Iterable[tuple[int, int | None]] = ()) -> Listing:
+             starts: Iterable[tuple[int, int | None]] = (), s3: Any = None) -> Listing:
     """Find the latest complete checkpoint under a root. Never raises: every failure is `Listing.error`.
 
     With `area` (the operator always passes its namespace's area), a root outside it is refused
     before any filesystem access, and the root's path below the area must hold no symlink.
     With `job` (its uid), directories a fenced attempt of that job wrote are refused: the lineage is the
     job's fence marks in the root merged with `starts` (the operator's record: attempt, resumed step).
+    An `s3://` root is checked against an `s3://bucket/prefix` area lexically and read with `s3`
+    (`s3store.S3Credentials`: the operator's read-only keys for that bucket).
     """
     store: CheckpointStore | None = None
     try:
-        store = open_store(uri) if area is None else open_root(uri, area)
+        if uri.startswith("s3://"):
+            store = _open_s3(uri, s3, area)
+        else:
+            store = open_store(uri) if area is None else open_root(uri, area)
         rule = None
         if job is not None:
             jid = lineage.job_id(job)
