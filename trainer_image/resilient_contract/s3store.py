@@ -147,7 +147,7 @@ class S3Store:
             try:
                 page = self._fs.call_s3("list_objects_v2", **kwargs)
             except Exception as exc:
-                raise S3Error(f"listing {SCHEME}{self.loc.bucket}/{prefix} failed: {describe_error(exc)}") from None
+                raise S3Error(f"listing {SCHEME}{self.loc.bucket}/{prefix.rstrip('/')} failed: {describe_error(exc)}") from None
             yield page
             if not page.get("IsTruncated"):
                 return
@@ -159,7 +159,7 @@ class S3Store:
 
     def _root_listing(self) -> tuple[list[str], dict[str, os.stat_result]]:
         if self._root is None:
-            base = self.loc.key() + "/" if self.loc.prefix else ""
+            base = self.loc.prefix + "/" if self.loc.prefix else ""
             dirs: list[str] = []
             files: dict[str, os.stat_result] = {}
             found = False
