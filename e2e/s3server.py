@@ -2,7 +2,7 @@
 
     with S3Server.start(tmp_path, identities=[Identity.for_bucket("tenant-a", "bucket-a")]) as s3:
         s3.create_bucket("bucket-a")
-        env = s3.client_env(s3.admin)    # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a process
+        env = s3.client_env(s3.admin)    # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... for a process (or a pod)
         fs = s3.filesystem(s3.admin)     # an s3fs.S3FileSystem for the test's own checks
 
 One server per use, with a data directory of its own, every port chosen free on one address (the
@@ -96,15 +96,17 @@ class S3Server:
     identities: list[Identity]
     process: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    local_endpoint: str = ""  # how this process reaches it, when not at `endpoint` (a cluster's forwarded port)
 
     @property
     def endpoint(self) -> str:
+        """Where clients in the server's own network reach it (pods, when it runs inside a cluster)."""
         return f"http://{self.host}:{self.port}"
 
     @classmethod
     def start(cls, workdir: Path | str, *, identities: Iterable[Identity] = (), host: str = "127.0.0.1",
               ports: dict[str, int] | None = None, preexec_fn: Callable[[], None] | None = None,
-              timeout: float = 90.0) -> S3Server:
+              timeout: float = 90.0, wait: bool = True) -> S3Server:
         """Start SeaweedFS (master, volume, filer, S3) and wait until S3 answers a signed request.
 
         `ports`: fixed ports (inside a network namespace of its own, where nothing else listens); on the
@@ -133,21 +135,24 @@ class S3Server:
         server.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
                                           preexec_fn=preexec_fn, start_new_session=True)  # noqa: PLW1509
         log.close()
-        try:
-            server._wait_ready(timeout)
-        except BaseException:
-            server.stop()
-            raise
+        if wait:
+            try:
+                server.wait_ready(timeout)
+            except BaseException:
+                server.stop()
+                raise
         return server
 
-    def _wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Until S3 answers at `local_endpoint` (or `endpoint`): an unsigned request gets 403 once it is up."""
+        url = self.local_endpoint or self.endpoint
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.workdir / 'weed.log'}")
             try:  # an unsigned request: 403 means the gateway (and its filer) is up and enforcing auth
-                urllib.request.urlopen(f"{self.endpoint}/", timeout=2)
+                urllib.request.urlopen(f"{url}/", timeout=2)
                 return
             except urllib.error.HTTPError as exc:
                 if exc.code in (403, 400):
@@ -156,7 +161,7 @@ class S3Server:
             except OSError as exc:
                 last = exc
             time.sleep(0.2)
-        raise TimeoutError(f"SeaweedFS S3 at {self.endpoint} not ready after {timeout:.0f}s ({last}); "
+        raise TimeoutError(f"SeaweedFS S3 at {url} not ready after {timeout:.0f}s ({last}); "
                            f"see {self.workdir / 'weed.log'}")
 
     def client_env(self, identity: Identity) -> dict[str, str]:
@@ -169,7 +174,8 @@ class S3Server:
         import s3fs
 
         ident = identity or self.admin
-        return s3fs.S3FileSystem(key=ident.access_key, secret=ident.secret_key, endpoint_url=self.endpoint,
+        return s3fs.S3FileSystem(key=ident.access_key, secret=ident.secret_key,
+                                 endpoint_url=self.local_endpoint or self.endpoint,
                                  client_kwargs={"region_name": REGION}, skip_instance_cache=True)
 
     def create_bucket(self, bucket: str) -> None:
@@ -183,14 +189,11 @@ class S3Server:
             fs.invalidate_cache()
 
     def stop(self) -> None:
+        """Kill it (SIGKILL: a graceful SeaweedFS exit takes ~25 s, and a test's data is thrown away)."""
         if self.process is not None and self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=15)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=15)
         self.process = None
 
     def remove(self) -> None:

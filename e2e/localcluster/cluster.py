@@ -21,12 +21,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from e2e.cluster import ClusterTools, wait_for
+from e2e.s3server import Identity, S3Server
 
 from . import network
 from .binaries import REPO_ROOT, ensure_binaries
@@ -36,6 +37,8 @@ K8S_SERVICE_CIDR = "10.96.0.0/16"
 # Fixed ports: each cluster has a network namespace of its own, so nothing else binds them.
 T = TypeVar("T")
 API_PORT, ETCD_PORT, ETCD_PEER_PORT, KCM_PORT, SCHEDULER_PORT = 6443, 2379, 2380, 10257, 10259
+# SeaweedFS inside the namespace, on the bridge address (gRPC on each +10000): master, volume, filer, S3.
+S3_PORTS = (9333, 8080, 8888, 8333)
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 DEFAULT_IMAGE_ENTRYPOINTS: dict[str, Any] = {
@@ -126,6 +129,7 @@ class Component:
     proc: subprocess.Popen[bytes]
     log: Path
     args: list[str] = field(default_factory=list)
+    throwaway: bool = False  # killed at once on stop (no state worth a graceful exit: a test's S3 server)
 
 
 @dataclass
@@ -244,19 +248,46 @@ class Cluster(ClusterTools):
 
     def _start_forwarder(self) -> None:
         """Host 127.0.0.1:<free port> -> the apiserver inside the namespace (see forward.py)."""
+        self._forwarder, port = self._spawn_forwarder(f"{self.api_host}:{self.api_port}", "api-forward")
+        self.api_url = f"https://127.0.0.1:{port}"
+
+    def _spawn_forwarder(self, target: str, name: str) -> tuple[subprocess.Popen[bytes], int]:
         listener = socket.create_server(("127.0.0.1", 0))
         port = listener.getsockname()[1]
-        self.api_url = f"https://127.0.0.1:{port}"
-        log = self.dir / "logs" / "api-forward.log"
+        log = self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         with listener, log.open("ab") as out:
-            self._forwarder = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "e2e.localcluster.forward", f"--listen-fd={listener.fileno()}",
-                 f"--target={self.api_host}:{self.api_port}", f"--cluster-dir={self.dir}"],
+                 f"--target={target}", f"--cluster-dir={self.dir}"],
                 pass_fds=(listener.fileno(),), preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 cwd=REPO_ROOT, env=env)
+        return proc, port
+
+    def forward_port(self, host: str, port: int, name: str) -> int:
+        """Reach `host:port` inside the cluster's namespace from this machine: returns a 127.0.0.1 port
+        (a forwarder like the apiserver's, stopped with the cluster)."""
+        proc, local = self._spawn_forwarder(f"{host}:{port}", name)
+        self.components[name] = Component(name, proc, self.dir / "logs" / f"{name}.log", [f"{host}:{port}"],
+                                          throwaway=True)
+        self._save()
+        return local
+
+    def start_s3(self, identities: Iterable[Identity] = ()) -> S3Server:
+        """A real S3 server (SeaweedFS) inside the cluster: pods reach `server.endpoint` (on the bridge
+        address), this process `server.local_endpoint` (a forwarded loopback port). Stopped with the cluster."""
+        workdir = self.dir / "s3"
+        ports = {"master": S3_PORTS[0], "volume": S3_PORTS[1], "filer": S3_PORTS[2], "s3": S3_PORTS[3]}
+        server = S3Server.start(workdir, identities=identities, host=self.api_host, ports=ports,
+                                preexec_fn=_in_cluster(self._netns_fd), wait=False)
+        assert server.process is not None
+        self.components["seaweedfs"] = Component("seaweedfs", server.process, workdir / "weed.log", throwaway=True)
+        local = self.forward_port(self.api_host, server.port, "s3-forward")
+        server.local_endpoint = f"http://127.0.0.1:{local}"
+        server.wait_ready()
+        return server
 
     def in_netns(self, fn: Callable[[], T], timeout: float = 60) -> T:
         """Run `fn` on a thread inside the cluster's network namespace (to reach node or pod addresses)."""
@@ -431,7 +462,10 @@ class Cluster(ClusterTools):
                 kill_process_tree(node.proc.pid)
                 node.proc.wait(timeout=10)
         for comp in reversed(list(self.components.values())):
-            if comp.proc.poll() is None:
+            if comp.proc.poll() is None and comp.throwaway:
+                comp.proc.kill()
+                comp.proc.wait(timeout=10)
+            elif comp.proc.poll() is None:
                 comp.proc.terminate()
                 try:
                     comp.proc.wait(timeout=10)
