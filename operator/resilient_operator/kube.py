@@ -64,11 +64,11 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         try:
             if manifest["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, manifest)  # type: ignore[arg-type]  # the client takes dicts too
+                self.core.create_namespaced_pod(ns, manifest)  # the client takes dicts
             elif manifest["kind"] == "Service":
-                self.core.create_namespaced_service(ns, manifest)  # type: ignore[arg-type]
+                self.core.create_namespaced_service(ns, manifest)
             elif manifest["kind"] == "PodDisruptionBudget":
-                self.policy.create_namespaced_pod_disruption_budget(ns, manifest)  # type: ignore[arg-type]
+                self.policy.create_namespaced_pod_disruption_budget(ns, manifest)
             else:
                 raise ValueError(f"cannot create {manifest['kind']}")
             return True
