@@ -147,7 +147,8 @@ class S3Store:
             try:
                 page = self._fs.call_s3("list_objects_v2", **kwargs)
             except Exception as exc:
-                raise S3Error(f"listing {SCHEME}{self.loc.bucket}/{prefix.rstrip('/')} failed: {describe_error(exc)}") from None
+                where = f"{SCHEME}{self.loc.bucket}/{prefix.rstrip('/')}"
+                raise S3Error(f"listing {where} failed: {describe_error(exc)}") from None
             yield page
             if not page.get("IsTruncated"):
                 return
