@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,6 +70,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3Serv
         server.create_bucket(S3_BUCKET)
         yield server, identity
     finally:
+        if server.process is not None:  # a throwaway server: weed takes its 15 s grace on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGKILL)
         server.remove()
 
 

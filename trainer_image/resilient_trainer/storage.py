@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 S3_SCHEME = "s3://"
 TRASH_PREFIX = ".trash-"
 DELETE_BATCH = 1000  # keys per DeleteObjects request (the S3 maximum)
-# Storage options DCP passes to fsspec for an s3:// path: fresh listings; credentials from the environment.
-S3_STORAGE_OPTIONS: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True}
+# Storage options DCP passes to fsspec for an s3:// path: fresh listings (credentials and endpoint: the environment).
+S3_STORAGE_OPTIONS: dict[str, Any] = {"use_listings_cache": False}
 
 
 class Root(Protocol):
