@@ -31,6 +31,49 @@ def store(root: S3Root) -> layout.CheckpointStore:
 
 
 @pytest.mark.timeout(60)
+def test_only_one_writer_claims_a_step_prefix(s3_root: S3Root) -> None:
+    """Object stores have no mkdir: the conditional PUT of the writer token decides, even for racing claims."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    roots = [storage.S3Root(s3_root.uri) for _ in range(8)]
+    with ThreadPoolExecutor(len(roots)) as pool:
+        won = list(pool.map(lambda i: roots[i].claim_step("step-0000000005", lineage.format_writer("job-1", i + 1)),
+                            range(len(roots))))
+    assert won.count(True) == 1, won
+    token = s3_root.fs().cat_file(f"{s3_root.uri[5:]}/step-0000000005/{lineage.WRITER_FILE}")
+    assert lineage.parse_writer(token) == ("job-1", won.index(True) + 1)  # the winner's token, not overwritten
+    assert roots[0].claim_step("step-0000000005", None) is False  # a tokenless writer never shares it either
+
+
+@pytest.mark.parametrize(("path", "parts"), [
+    ("s3://b/p/step-0000000001", ("s3://b/p", "step-0000000001")),
+    ("s3://b/p/step-0000000001/", ("s3://b/p", "step-0000000001")),
+    ("s3://bkt/step-0000000002", ("s3://bkt", "step-0000000002")),
+    ("/ck/./a/../step-0000000003", ("/ck", "step-0000000003")),
+    ("file:///ck/step-0000000004", ("/ck", "step-0000000004")),
+])
+def test_split_checkpoint_paths(path: str, parts: tuple[str, str]) -> None:
+    assert storage.split(path) == parts
+
+
+def test_a_lost_conditional_put_is_recognised() -> None:
+    from botocore.exceptions import ClientError
+
+    def err(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                           "PutObject")
+
+    assert storage._precondition_failed(err("PreconditionFailed", 412))
+    assert storage._precondition_failed(err("ConditionalRequestConflict", 409))
+    try:  # s3fs re-raises botocore's error as an OSError; the cause chain still says why
+        raise OSError("translated") from err("PreconditionFailed", 412)
+    except OSError as exc:
+        assert storage._precondition_failed(exc)
+    assert not storage._precondition_failed(err("AccessDenied", 403))
+    assert not storage._precondition_failed(OSError("connection refused"))
+
+
+@pytest.mark.timeout(60)
 def test_async_save_to_s3_and_load_back(ctx: DistContext, s3_root: S3Root) -> None:  # noqa: F811
     """async_save (staging, THREAD upload) into a new step prefix, `.metadata` committed, loaded back exactly."""
     model, opt = make()
