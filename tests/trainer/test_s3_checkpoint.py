@@ -117,13 +117,13 @@ def test_a_fenced_gang_on_s3_is_refused(ctx: DistContext, s3_root: S3Root,  # no
     monkeypatch.setenv(TEST_HOLD_METADATA_ENV, str(release))
     held = Checkpointer(uri, *make(), ctx=ctx)
     path = held.save(20)
-    assert path == f"{uri}/step-0000000020"  # (the hook is read in the upload thread: left set until released)
+    assert path == f"{uri}/step-0000000020"
+    monkeypatch.delenv(TEST_HOLD_METADATA_ENV)
     fenced_env(monkeypatch, 2, f"{uri}/step-0000000010")
     new = Checkpointer(uri, *make(), ctx=ctx, async_save=False)  # attempt 2's rank 0 marks the root
     release.touch()
     with pytest.raises(FencedError, match="attempt 2 of this job has started"):
         held.wait()
-    monkeypatch.delenv(TEST_HOLD_METADATA_ENV)
     keys = s3_root.keys("step-0000000020")
     assert "step-0000000020/.metadata" not in keys and f"step-0000000020/{lineage.REFUSED_FILE}" in keys, keys
     with pytest.raises(FencedError):  # and the cut-off gang's next save is refused up front

@@ -305,9 +305,9 @@ class Checkpointer:
         if self.attempt is None:
             return writer
         finish = writer.finish
+        hold = os.environ.get(TEST_HOLD_METADATA_ENV)  # read at save(), not in the upload thread (a race)
 
         def fenced_finish(*args: Any, **kwargs: Any) -> Any:
-            hold = os.environ.get(TEST_HOLD_METADATA_ENV)
             while hold and not os.path.exists(hold):  # test-only: a rank 0 stalled right here (a partition)
                 time.sleep(0.1)
             if (newer := self.newer_attempt()) is not None:
