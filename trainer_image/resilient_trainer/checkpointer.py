@@ -7,13 +7,16 @@
     ckpt.close()                         # waits for the last upload
 
 Design choices and the traps they avoid:
-- Every save goes into a directory it created itself (`mkdir`, never reused across attempts), with a
-  writer token (`.rtj-writer`: attempt and job) before any shard. Under the operator, each attempt first
+- Every save goes into a directory it created itself (`mkdir`, never reused across attempts; on `s3://`
+  a prefix claimed by a conditional PUT of its writer token, see `storage`), with a writer token
+  (`.rtj-writer`: attempt and job) before any shard. Under the operator, each attempt first
   leaves a fence mark in the root (`_RTJ_ATTEMPT-<job>-<attempt>`: where it started); a save finds a newer
   attempt's mark -> `FencedError`, checked when the directory is made and again just before `.metadata` is
   committed. When another attempt holds `step-<N>` (a cut-off gang of an older attempt, or the attempt
   before), the save goes to `step-<N>.a<attempt>`; a complete directory of this attempt for the same step
   is kept and the save skipped. The rule discovery applies is in `resilient_contract.lineage`.
+- The root is a mounted path or `s3://bucket/prefix` (`storage.open_root`): DCP's FileSystemWriter/Reader
+  or FsspecWriter/Reader over s3fs, with credentials and endpoint from the standard AWS environment.
 - Async uploads use THREAD mode: PROCESS mode spawns a helper that re-imports the entry module (a script
   without a `__main__` guard would start training again in the helper).
 - Staging options are picked per device: on CPU, non-blocking copies assert on an accelerator and
@@ -41,6 +44,7 @@ Design choices and the traps they avoid:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -52,14 +56,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilient_contract import environment, layout, lineage
-from resilient_trainer import parallel, retention
+from resilient_trainer import parallel, retention, storage
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -68,7 +72,7 @@ log = logging.getLogger(__name__)
 # catches rank 0 between its peers' shards and the commit). Never set in production.
 TEST_HOLD_METADATA_ENV = "RTJ_TEST_HOLD_METADATA"
 
-WriterFactory = Callable[[str], FileSystemWriter]
+WriterFactory = Callable[[str], StorageWriter]
 DEFAULT_UPLOAD_NICENESS = 0  # off: renicing a GIL-holding thread measured worse (see the module docstring)
 
 
@@ -128,10 +132,11 @@ class Checkpointer:
     ) -> None:
         if check_reductions:
             parallel.check_reductions(model)
-        store = layout.open_store(root)
-        if not isinstance(store, layout.LocalStore):
-            raise CheckpointError(f"checkpoint root {root} is not a mounted path")
-        self.root = store.root
+        try:
+            self.storage = storage.open_root(root)
+        except layout.StorageError as exc:
+            raise CheckpointError(f"checkpoint root {root[:200]}: {exc}") from None
+        self.root = self.storage.uri
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -142,9 +147,7 @@ class Checkpointer:
         self.async_save = async_save
         self.upload_niceness = upload_niceness
         self.allow_global_batch_change = allow_global_batch_change
-        self.writer_factory = writer_factory or (
-            lambda path: FileSystemWriter(path, sync_files=True, overwrite=False)
-        )
+        self.writer_factory = writer_factory or self.storage.writer
         self.resumed_from: str | None = None
         identity = environment.attempt_and_job()
         # Fencing tokens only under the operator (RTJ_ATTEMPT); a local run has no newer attempt to yield to.
@@ -160,7 +163,7 @@ class Checkpointer:
         # Parameters must not change while they are being copied: the optimizer waits for staging.
         self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
         if ctx.rank == 0:
-            os.makedirs(self.root, exist_ok=True)
+            self.storage.ensure()
             self._mark_attempt()
 
     # ---- fencing (see resilient_contract.lineage) ------------------------------------------------
@@ -169,40 +172,34 @@ class Checkpointer:
         if self.attempt is None:
             return
         source = environment.resume_from()
-        resumed = layout.parse_step_dir(os.path.basename(os.path.normpath(source))) if source else None
-        path = os.path.join(self.root, lineage.marker_name(self.job, self.attempt))
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return  # this attempt's rank 0 ran before (the mark says the same)
-        with os.fdopen(fd, "wb") as f:
-            f.write(lineage.format_marker(self.job, self.attempt, resumed))
-            f.flush()
-            os.fsync(f.fileno())
+        resumed = layout.parse_step_dir(storage.split(source)[1]) if source else None
+        # False: this attempt's rank 0 ran before (the mark says the same)
+        self.storage.create_exclusive(lineage.marker_name(self.job, self.attempt),
+                                      lineage.format_marker(self.job, self.attempt, resumed))
 
     def newer_attempt(self) -> int | None:
         """The newest attempt of this job that marked the root after ours, or None (never fenced locally)."""
         if self.attempt is None:
             return None
-        marks = layout.read_lineage(layout.LocalStore(self.root), self.job)
+        try:
+            marks = layout.read_lineage(self.storage.store(), self.job)
+        except layout.RootMissing:
+            return None  # an object store before anything was written: no mark at all
         newest = max((attempt for attempt, _ in marks), default=0)
         return newest if newest > self.attempt else None
 
     def _own(self, name: str) -> bool:
         """Whether this attempt wrote that step directory (its writer token is ours)."""
         try:
-            data = layout.LocalStore(self.root).read_bytes(os.path.join(name, lineage.WRITER_FILE),
-                                                           lineage.MAX_TOKEN_BYTES)
+            data = self.storage.store().read_bytes(f"{name}/{lineage.WRITER_FILE}", lineage.MAX_TOKEN_BYTES)
         except OSError:
             return False
         return lineage.parse_writer(data) == (self.job, self.attempt)
 
     def _refuse(self, path: str, newer: int) -> FencedError:
-        try:
-            with open(os.path.join(path, lineage.REFUSED_FILE), "wb") as f:
-                f.write(lineage.format_writer(self.job, self.attempt or 0))
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # evidence only
+            self.storage.put(f"{storage.split(path)[1]}/{lineage.REFUSED_FILE}",
+                             lineage.format_writer(self.job, self.attempt or 0))
         assert self.attempt is not None
         return FencedError(path, self.attempt, newer)
 
@@ -237,30 +234,26 @@ class Checkpointer:
         names = [layout.step_dir_name(step)]
         if self.attempt is not None:
             names.append(layout.step_dir_name(step, self.attempt))
-        store = layout.LocalStore(self.root)
+        token = lineage.format_writer(self.job, self.attempt) if self.attempt is not None else None
         for name in names:
-            path = os.path.join(self.root, name)
-            try:
-                os.mkdir(path)
-            except FileExistsError:
+            path = self.storage.join(name)
+            if not self.storage.claim_step(name, token):
                 if self.attempt is None or self._own(name):
-                    verdict = layout.check_step(store, name)
+                    verdict = layout.check_step(self.storage.store(), name)
                     if verdict.complete:
                         return None  # deterministic training would write the same bytes
                     if self.attempt is None or name == names[-1]:  # ours (or a local run's) partial: redo it
                         log.warning("replacing partial checkpoint %s (%s)", path, verdict.reason)
-                        retention.remove_step_dir(self.root, name)
-                        os.mkdir(path)
+                        self.storage.remove_step(name)
+                        if not self.storage.claim_step(name, token):
+                            raise CheckpointError(f"{path} reappeared while it was being replaced")
                     else:
                         continue
                 else:
                     continue  # another attempt's: never shared
-            if self.attempt is not None:
-                with open(os.path.join(path, lineage.WRITER_FILE), "xb") as f:
-                    f.write(lineage.format_writer(self.job, self.attempt))
-                if (newer := self.newer_attempt()) is not None:
-                    self._refuse(path, newer)
-                    return f"{FENCED_PREFIX}{newer}"
+            if self.attempt is not None and (newer := self.newer_attempt()) is not None:
+                self._refuse(path, newer)
+                return f"{FENCED_PREFIX}{newer}"
             return path
         raise CheckpointError(f"no directory of its own left for step {step} under {self.root}")
 
@@ -306,15 +299,15 @@ class Checkpointer:
         self.last_blocked_s = time.perf_counter() - t0
         return path
 
-    def _fenced_writer(self, writer: FileSystemWriter, path: str) -> FileSystemWriter:
+    def _fenced_writer(self, writer: StorageWriter, path: str) -> StorageWriter:
         """Check the fence marks again just before `.metadata` is committed (rank 0 commits it): a gang
         fenced while it wrote its shards then leaves an incomplete directory, never a checkpoint."""
         if self.attempt is None:
             return writer
         finish = writer.finish
+        hold = os.environ.get(TEST_HOLD_METADATA_ENV)  # read at save(), not in the upload thread (a race)
 
         def fenced_finish(*args: Any, **kwargs: Any) -> Any:
-            hold = os.environ.get(TEST_HOLD_METADATA_ENV)
             while hold and not os.path.exists(hold):  # test-only: a rank 0 stalled right here (a partition)
                 time.sleep(0.1)
             if (newer := self.newer_attempt()) is not None:
@@ -364,9 +357,9 @@ class Checkpointer:
         self.last_saved = path
         if self.ctx.rank != 0:
             return
-        protect = (os.path.basename(self.resumed_from),) if self.resumed_from else ()
+        protect = (storage.split(self.resumed_from)[1],) if self.resumed_from else ()
         try:
-            result = retention.apply(self.root, self.keep_last, protect, self.job if self.attempt else None)
+            result = retention.apply(self.storage, self.keep_last, protect, self.job if self.attempt else None)
             if result.delete:
                 log.info("retention removed %s", ", ".join(result.delete))
         except OSError as exc:  # retention must never fail training
@@ -384,16 +377,20 @@ class Checkpointer:
     # ---- load -----------------------------------------------------------------------------------
     def load(self, path: str) -> int:
         """Load a checkpoint written at any world size; returns its step. Fails loudly, naming it."""
-        path = path[len("file://") :] if path.startswith("file://") else path
-        path = os.path.normpath(path)
+        parent, name = storage.split(path)
+        source = self.storage if parent == self.root else None
+        try:
+            source = source or storage.open_root(parent)
+        except layout.StorageError as exc:
+            raise CheckpointError(f"cannot resume from checkpoint {path}: {exc}") from None
+        path = source.join(name)
         self.wait()  # never load under a save that is still reading the same tensors
         problem = None
         if self.ctx.rank == 0:
-            name = os.path.basename(path)
             if layout.parse_step_dir(name) is None:
                 problem = "not a step-<10 digits> checkpoint directory"
             else:
-                verdict = layout.check_step(layout.LocalStore(os.path.dirname(path)), name)
+                verdict = layout.check_step(source.store(), name)
                 problem = None if verdict.complete else verdict.reason
         problem = self._broadcast(problem)
         if problem:
@@ -401,7 +398,7 @@ class Checkpointer:
         state = self._state_dict()
         configured_batch = self.train_state.global_batch
         try:
-            dcp.load(state, storage_reader=FileSystemReader(path), process_group=self.ctx.checkpoint_group)
+            dcp.load(state, storage_reader=source.reader(path), process_group=self.ctx.checkpoint_group)
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
@@ -437,7 +434,7 @@ class Checkpointer:
         return self.resumed_from
 
 
-def _lower_priority_of_upload(writer: FileSystemWriter, niceness: int) -> None:
+def _lower_priority_of_upload(writer: StorageWriter, niceness: int) -> None:
     """Make the thread that writes the shards (DCP's async executor) nice itself first; Linux nice
     values are per thread, so the training threads keep theirs."""
     if niceness <= 0 or not hasattr(os, "setpriority"):

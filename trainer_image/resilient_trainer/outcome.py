@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from resilient_contract import completion, environment
+from resilient_trainer import storage
 
 if TYPE_CHECKING:  # torch-free at run time
     from resilient_trainer.dist import DistContext
@@ -39,7 +40,7 @@ def _write(ctx: DistContext, kind: str, **fields: object) -> str | None:
 def record_success(ctx: DistContext, *, step: int, checkpoint_root: str | None = None, **fields: object) -> None:
     """Call on every rank once all ranks finished (e.g. after a barrier) and the final save is done."""
     if ctx.rank == 0 and checkpoint_root:
-        completion.write_completed_marker(checkpoint_root, step=step, world_size=ctx.world_size)
+        storage.write_completed_marker(checkpoint_root, step=step, world_size=ctx.world_size)
     _write(ctx, completion.SUCCEEDED, step=step, world_size=ctx.world_size, **fields)
 
 

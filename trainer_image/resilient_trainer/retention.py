@@ -6,20 +6,19 @@ Rules (checked with `layout.check_step`, the one completeness rule):
   good one);
 - incomplete directories are removed only when older than the newest complete one (a newer incomplete
   one may be a save still in flight, or the partial save that the next save of that step replaces).
-Deletion renames the directory out of the `step-*` namespace first, so a half-deleted checkpoint
-never looks like one. Torch-free.
+Deletion never leaves a half-deleted checkpoint that looks complete: on a filesystem the directory is
+renamed out of the `step-*` namespace first; on `s3://` (no rename) `.metadata` is deleted first (see
+`storage`). Torch-free.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 
 from resilient_contract import layout, lineage
+from resilient_trainer import storage
 
-TRASH_PREFIX = ".trash-"
+TRASH_PREFIX = storage.TRASH_PREFIX
 
 
 @dataclass(frozen=True)
@@ -51,26 +50,17 @@ def plan(store: layout.CheckpointStore, keep_last: int, protect: tuple[str, ...]
 
 
 def remove_step_dir(root: str, name: str) -> None:
-    """Rename out of the step namespace (atomic), then delete the contents."""
-    src = os.path.join(root, name)
-    trash = os.path.join(root, f"{TRASH_PREFIX}{name}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(src, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+    """Delete one step directory of a root so it never looks complete while half deleted (see `storage`)."""
+    storage.open_root(root).remove_step(name)
 
 
-def apply(root: str, keep_last: int, protect: tuple[str, ...] = (), job: str | None = None) -> Plan:
-    """Plan and delete on a local root (call on one rank only). `job`: judge by that job's lineage."""
-    store = layout.open_store(root)
-    if not isinstance(store, layout.LocalStore):
-        raise layout.StorageError(f"retention supports mounted roots only, not {root}")
+def apply(root: str | storage.Root, keep_last: int, protect: tuple[str, ...] = (), job: str | None = None) -> Plan:
+    """Plan and delete on a mounted or `s3://` root (call on one rank only). `job`: judge by that job's lineage."""
+    target = storage.open_root(root) if isinstance(root, str) else root
+    store = target.store()
     rule = lineage.Lineage.merge(job, layout.read_lineage(store, job)) if job else None
     result = plan(store, keep_last, protect, rule)
     for name in result.delete:
-        remove_step_dir(store.root, name)
-    for entry in os.listdir(store.root):
-        if entry.startswith(TRASH_PREFIX):  # leftovers of a deletion interrupted by a crash
-            shutil.rmtree(os.path.join(store.root, entry), ignore_errors=True)
+        target.remove_step(name)
+    target.cleanup()
     return result
