@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,8 @@ from resilient_operator import constants as c
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "job.yaml"
+STEPS = 24  # the training scenarios' length, and the failure-free reference run's (conftest `reference`)
+TOLERANCE = 1e-5  # relative L2 between final models across world sizes, see trainer_image/README.md
 CLAIM = "rtj-checkpoints"
 
 
@@ -142,3 +146,23 @@ def kill_and_time(cluster: Cluster, namespace: str, name: str, node: str, timeou
                 tl.first_step = now
         time.sleep(0.1)
     return tl
+
+
+def reference_run(out: Path) -> dict[str, Any]:
+    """A failure-free run of the example training (2 local processes, no cluster): the model to match."""
+    import torch
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "resilient_trainer.examples.tiny_gpt", f"--steps={STEPS}", "--checkpoint-every=0",
+           f"--checkpoint-root={out / 'ckpt'}", f"--dump-state={out / 'state.pt'}"]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    return torch.load(out / "state.pt", weights_only=False)  # type: ignore[no-any-return]
+
+
+def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Relative L2 distance between two state dicts (all tensors, as float64)."""
+    import torch
+
+    num = sum(float(torch.linalg.vector_norm(a[k].double() - b[k].double()) ** 2) for k in a)
+    den = sum(float(torch.linalg.vector_norm(a[k].double()) ** 2) for k in a)
+    return (num / den) ** 0.5

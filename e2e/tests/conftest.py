@@ -11,10 +11,11 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from e2e import get_cluster, support
+from e2e import get_cluster, scenarios, support
 from e2e.cluster import ClusterLike
 from e2e.localcluster.pytest_plugin import (  # noqa: F401  (hooks re-exported for pytest)
     failed_key,
@@ -56,6 +57,12 @@ def operator(cluster: ClusterLike) -> str:
     """The training pool and the operator, installed by helm once; returns the release name."""
     support.install_operator(cluster)
     return support.RELEASE
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The failure-free reference run the training scenarios' final models are compared with (once)."""
+    return scenarios.reference_run(tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture

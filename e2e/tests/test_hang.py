@@ -12,8 +12,8 @@ import pytest
 
 from e2e import scenarios
 from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.scenarios import STEPS, TOLERANCE, relative_difference
 from e2e.support import MOUNT, events, get_job, running_attempt, wait_phase
-from e2e.tests.test_training_e2e import STEPS, TOLERANCE, reference, relative_difference  # noqa: F401
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]

@@ -8,8 +8,6 @@ trainer's stated tolerance).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +20,8 @@ from resilient_contract import environment, layout, lineage
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
-STEPS = 24
-TOLERANCE = 1e-5  # relative L2, see trainer_image/README.md
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A failure-free run of the same training (2 local processes, no cluster): the model to match."""
-    import torch
-
-    out = tmp_path_factory.mktemp("reference")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-           "resilient_trainer.examples.tiny_gpt", f"--steps={STEPS}", "--checkpoint-every=0",
-           f"--checkpoint-root={out / 'ckpt'}", f"--dump-state={out / 'state.pt'}"]  # fmt: skip
-    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
-    return torch.load(out / "state.pt", weights_only=False)
-
-
-def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
-    import torch
-
-    num = sum(float(torch.linalg.vector_norm(a[k].double() - b[k].double()) ** 2) for k in a)
-    den = sum(float(torch.linalg.vector_norm(a[k].double()) ** 2) for k in a)
-    return (num / den) ** 0.5
+STEPS, TOLERANCE = scenarios.STEPS, scenarios.TOLERANCE
+relative_difference = scenarios.relative_difference
 
 
 def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
