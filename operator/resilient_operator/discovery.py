@@ -16,6 +16,7 @@ cannot keep every worker busy: a healthy job waits at most one deadline for a fr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,8 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilient_contract import dcp_metadata, layout
-from resilient_operator.settings import DiscoverySettings
+from resilient_contract import dcp_metadata, layout, s3store
+from resilient_contract.s3store import S3Credentials
+from resilient_operator.settings import DiscoverySettings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +76,16 @@ class DiscoveryPool:
                  starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
         """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
         and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
-        area = self.config.area_for(namespace)
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
             return _failed(str(root)[:200], layout.REASON_INVALID_ROOT, "checkpoint root is too long")
+        s3: S3Credentials | None = None
+        if root.startswith(s3store.SCHEME):
+            try:
+                area, s3 = self._object_store(root, namespace)
+            except layout.StorageError as exc:  # refused lexically, or the operator's keys are not mounted
+                return _failed(root, exc.reason, str(exc))
+        else:
+            area = self.config.area_for(namespace)
         key = (root, area)
         timeout = self.config.timeout_seconds
         with self._lock:
@@ -90,12 +99,24 @@ class DiscoveryPool:
                            f"every checkpoint discovery worker stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
-            listing, worker = self._call(worker, root, area, job, starts)
+            listing, worker = self._call(worker, root, area, job, starts, s3)
         finally:
             self._slots.put(worker)
         if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
             self._hold(key, listing)
         return listing
+
+    def _object_store(self, root: str, namespace: str) -> tuple[str, S3Credentials]:
+        """The namespace's object-store area holding `root` (lexically: no request) and the operator's keys for
+        it, read from the mounted Secret now. Each request's timeout is a quarter of the deadline, so an
+        endpoint that is down answers with the store's error before the worker would be killed."""
+        areas = self.config.object_areas_for(namespace)
+        uri = layout.object_area(root, [a.uri for a in areas])
+        area = next(a for a in areas if a.uri == uri)
+        try:
+            return uri, area.credentials(self.config.object_secrets_dir, self.config.timeout_seconds / 4)
+        except SettingsError as exc:
+            raise layout.StorageError(str(exc)) from None
 
     def _hold(self, key: tuple[str, str], listing: layout.Listing) -> None:
         pause = COOLDOWN_DEADLINES * self.config.timeout_seconds
@@ -111,9 +132,14 @@ class DiscoveryPool:
             self._cooldown[key] = (now + pause, held)
 
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
-              starts: Sequence[tuple[int, int | None]] = ()) -> tuple[layout.Listing, _Worker | None]:
+              starts: Sequence[tuple[int, int | None]] = (),
+              s3: S3Credentials | None = None) -> tuple[layout.Listing, _Worker | None]:
         self._reap()
-        request = json.dumps({"root": root, "area": area, "job": job, "starts": list(starts)}).encode() + b"\n"
+        # Keys travel on the worker's stdin, never its command line (visible to every process on the node).
+        message: dict[str, Any] = {"root": root, "area": area, "job": job, "starts": list(starts)}
+        if s3 is not None:
+            message["s3"] = dataclasses.asdict(s3)
+        request = json.dumps(message).encode() + b"\n"
         reused = worker is not None and worker.proc.poll() is None
         if not reused:
             worker = self._spawn()
@@ -167,6 +193,8 @@ class DiscoveryPool:
                    "--memory-bytes", str(self.config.memory_bytes), "--cpu-seconds", str(cpu),
                    "--metadata-max-bytes", str(self.config.metadata_max_bytes),
                    "--max-steps", str(self.config.max_steps)]  # fmt: skip
+        if self.config.object_areas:
+            command.append("--object-store")  # import s3fs at start-up, not inside a call's deadline
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", close_fds=True,
                                     bufsize=0)  # fmt: skip
@@ -341,8 +369,11 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             request = json.loads(line)
             job = request.get("job")
             starts = [(int(a), None if r is None else int(r)) for a, r in request.get("starts") or []]
+            s3 = _credentials(request.get("s3"))
             listing = layout.discover(str(request["root"]), str(request["area"]), limits,
-                                      job=str(job) if job is not None else None, starts=starts)
+                                      job=str(job) if job is not None else None, starts=starts, s3=s3)
+            if s3 is not None:
+                listing = _redacted(listing, s3.secrets())
         except MemoryError:
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
         except Exception:
@@ -355,6 +386,39 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             return
 
 
+def _credentials(data: Any) -> S3Credentials | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError("s3 must be an object")
+    fields = {f.name: f.type for f in dataclasses.fields(S3Credentials)}
+    if not set(data) <= set(fields):
+        raise ValueError("unknown s3 field")
+    timeout = data.get("timeout_s")
+    if timeout is not None and not isinstance(timeout, (int, float)):
+        raise ValueError("s3.timeout_s must be a number")
+    strings = {k: v for k, v in data.items() if k != "timeout_s"}
+    if not all(v is None or isinstance(v, str) for v in strings.values()):
+        raise ValueError("s3 fields must be strings")
+    return S3Credentials(**strings, timeout_s=None if timeout is None else float(timeout))
+
+
+def _redacted(listing: layout.Listing, secrets: Sequence[str]) -> layout.Listing:
+    """The listing with any key the store echoed in an error replaced (a condition is readable by the tenant)."""
+
+    def clean(text: str | None) -> str | None:
+        for secret in secrets:
+            if text is not None and secret in text:
+                text = text.replace(secret, "<redacted>")
+        return text
+
+    def verdict(v: layout.Verdict | None) -> layout.Verdict | None:
+        return None if v is None else dataclasses.replace(v, reason=clean(v.reason) or "", path=clean(v.path) or "")
+
+    return dataclasses.replace(listing, error=clean(listing.error), latest=verdict(listing.latest),
+                               skipped=tuple(v for s in listing.skipped if (v := verdict(s)) is not None))
+
+
 def worker_main(argv: list[str]) -> None:
     import argparse
 
@@ -364,10 +428,14 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--metadata-max-bytes", type=int, required=True)
     parser.add_argument("--max-steps", type=int, required=True)
+    parser.add_argument("--object-store", action="store_true", help="import the S3 client now")
     args = parser.parse_args(argv)
     _limit(resource.RLIMIT_CORE, 0, 0)
     _limit(resource.RLIMIT_FSIZE, 0, 0)
     _limit(resource.RLIMIT_AS, args.memory_bytes, args.memory_bytes)
+    if args.object_store:
+        with contextlib.suppress(ImportError):  # without it an s3:// root gets DiscoveryFailed, with a reason
+            import s3fs  # noqa: F401
     limits = layout.ScanLimits(max_steps=args.max_steps,
                                metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
     serve(sys.stdin.buffer, sys.stdout.buffer, limits, args.cpu_seconds)
