@@ -18,8 +18,11 @@ import pytest
 from e2e.s3server import Identity, S3Server, weed_binary
 from resilient_contract import dcp_metadata, layout, s3store
 from resilient_contract.s3store import S3Credentials, S3Store
+from resilient_operator import constants as c
+from resilient_operator.core.reconcile import STORAGE_RETRY_SECONDS, reconcile
 from resilient_operator.discovery import DiscoveryPool, _redacted
 from resilient_operator.settings import DiscoverySettings, ObjectStoreArea
+from tests.operator.builders import NOW, healthy, job, running_status
 
 TIMEOUT = 5.0
 SLACK = 3.0  # worker start-up and scheduling on a small shared machine
@@ -265,6 +268,19 @@ def test_a_storage_failure_is_a_listing_error_in_time(pool: DiscoveryPool, case:
     assert listing.reason == layout.REASON_STORAGE_UNREADABLE and not listing.missing, listing
     assert listing.error and any(w in listing.error for w in words), listing.error
     assert "not-the-secret" not in listing.error
+
+
+def test_an_outage_holds_the_job_with_the_stores_message_and_a_retry(pool: DiscoveryPool) -> None:
+    """The pool's answer for an endpoint that is down, through the decision core: CheckpointStorageReady=False
+    with the store's words, no relaunch from scratch, and a wake-up to try again."""
+    root = f"s3://{BUCKET_A}/down"
+    listing = timed(pool, root, "tenant-c")
+    status = running_status(phase=c.RESTARTING, latestCheckpoint={"path": f"{root}/{STEP1}", "step": 1})
+    plan = reconcile(job(status, checkpoint={"root": root}), [], healthy(4), listing, NOW)
+    storage = next(x for x in plan.status["conditions"] if x["type"] == c.COND_STORAGE)
+    assert storage["status"] == "False" and storage["reason"] == layout.REASON_STORAGE_UNREADABLE
+    assert listing.error and listing.error in storage["message"] and "object store" in storage["message"]
+    assert not plan.create and plan.requeue_after == STORAGE_RETRY_SECONDS
 
 
 def test_the_other_tenant_is_still_served(pool: DiscoveryPool, admin: Any, template: dict[str, bytes]) -> None:
