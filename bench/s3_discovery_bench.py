@@ -100,10 +100,11 @@ def main() -> None:
         (secrets / "AWS_ACCESS_KEY_ID").write_text(reader.access_key)
         (secrets / "AWS_SECRET_ACCESS_KEY").write_text(reader.secret_key)
         mount = base / "mount"
-        config = DiscoverySettings(
-            checkpoint_mount=str(mount), object_secrets_dir=str(secrets.parent),
-            object_areas=(ObjectStoreArea(f"s3://{BUCKET}/bench", ("bench",), "operator-ro", server.endpoint),))  # fmt: skip
-        creds = S3Credentials(reader.access_key, reader.secret_key, server.endpoint, timeout_s=config.timeout_seconds / 4)
+        area = ObjectStoreArea(f"s3://{BUCKET}/bench", ("bench",), "operator-ro", server.endpoint)
+        config = DiscoverySettings(checkpoint_mount=str(mount), object_secrets_dir=str(secrets.parent),
+                                   object_areas=(area,))  # fmt: skip
+        creds = S3Credentials(reader.access_key, reader.secret_key, server.endpoint,
+                              timeout_s=config.timeout_seconds / 4)  # fmt: skip
         limits = layout.ScanLimits(max_steps=config.max_steps)
         pool = DiscoveryPool(config)
         pool.warm()
