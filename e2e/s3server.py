@@ -182,11 +182,12 @@ class S3Server:
             time.sleep(0.1)
             fs.invalidate_cache()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (weed's graceful shutdown can take over 15 s)."""
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=grace)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
