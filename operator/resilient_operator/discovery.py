@@ -11,6 +11,12 @@ A call that overruns its deadline gets `DiscoveryTimedOut`, and its worker is ki
 worker that dies (CPU limit, OOM kill) gives `DiscoveryFailed`. Either way the root is not tried again
 for a cooldown (six deadlines) and the same answer is returned at once, so a handful of hostile jobs
 cannot keep every worker busy: a healthy job waits at most one deadline for a free worker.
+
+A worker says when it is ready (`READY`); `warm` (at operator start) waits for that outside any call, and
+with object-store areas configured a worker also loads the S3 client before it is ready. An `s3://` root
+is matched to one of its namespace's areas lexically, here, before any request; that area's read-only
+keys are read from the mounted Secret at each call and sent on the worker's stdin (never its command
+line), and an error the store echoes is redacted before it leaves the worker.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ MAX_ROOT_CHARS = 4096
 RECYCLE_RSS_BYTES = 128 * 1024 * 1024  # a worker that still holds this much is replaced after answering
 COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retried for this many deadlines
 MAX_COOLDOWN_ENTRIES = 4096
+STARTUP_SECONDS = 60.0  # `warm`'s bound on start-up (an interpreter; with object-store areas, the S3 client too)
+READY = b'{"ready": true}'  # a worker's first line, once it is ready to serve
 
 
 def _failed(root: str, reason: str, message: str) -> layout.Listing:
@@ -54,6 +62,7 @@ def _failed(root: str, reason: str, message: str) -> layout.Listing:
 class _Worker:
     proc: subprocess.Popen[bytes]
     calls: int = 0
+    ready: bool = False  # its start-up line was read: start-up (imports) never counts against a call's deadline
 
 
 @dataclass
@@ -177,6 +186,11 @@ class DiscoveryPool:
     def _exchange(self, worker: _Worker, request: bytes) -> bytes | None:
         """Send one request; the answer line, b"" if the worker died, None past the deadline."""
         deadline = time.monotonic() + self.config.timeout_seconds
+        if not worker.ready:  # a worker started inside this call: its start-up counts (a slot is held at most
+            hello = _read_line(worker.proc, deadline)  # one deadline); `warm` starts them outside any call
+            if hello is None or hello != READY:
+                return hello if hello is None else b""
+            worker.ready = True
         worker.calls += 1
         try:
             assert worker.proc.stdin is not None
@@ -226,15 +240,22 @@ class DiscoveryPool:
             self._dying = [p for p in self._dying if p.poll() is None]
 
     def warm(self) -> None:
-        """Start every worker now, so the first reconciles do not pay for interpreter start-up."""
+        """Start every worker now and wait until each is ready (at most STARTUP_SECONDS), so the first
+        reconciles pay neither for interpreter start-up nor for loading the S3 client."""
         slots = []
         while True:
             try:
                 slots.append(self._slots.get_nowait())
             except queue.Empty:
                 break
-        for worker in slots:
-            self._slots.put(worker if worker is not None and worker.proc.poll() is None else self._spawn())
+        started = [worker if worker is not None and worker.proc.poll() is None else self._spawn() for worker in slots]
+        deadline = time.monotonic() + STARTUP_SECONDS
+        for worker in started:
+            if worker is not None and not worker.ready:
+                worker.ready = _read_line(worker.proc, deadline) == READY
+                if not worker.ready:
+                    self._kill(worker)
+            self._slots.put(worker if worker is None or worker.ready else None)
 
     def pids(self) -> list[int]:
         """Process ids of the idle workers (for tests and metrics)."""
@@ -359,7 +380,9 @@ def _current_rss() -> int:
 
 
 def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) -> None:
-    """Answer one JSON request line at a time until EOF. Runs inside the worker process."""
+    """Say it is ready, then answer one JSON request line at a time until EOF. Runs inside the worker process."""
+    stdout.write(READY + b"\n")
+    stdout.flush()
     while True:
         line = stdin.readline(MAX_REQUEST_BYTES)
         if not line:
@@ -434,8 +457,8 @@ def worker_main(argv: list[str]) -> None:
     _limit(resource.RLIMIT_FSIZE, 0, 0)
     _limit(resource.RLIMIT_AS, args.memory_bytes, args.memory_bytes)
     if args.object_store:
-        with contextlib.suppress(ImportError):  # without it an s3:// root gets DiscoveryFailed, with a reason
-            import s3fs  # noqa: F401
+        with contextlib.suppress(Exception):  # without the client an s3:// root gets DiscoveryFailed, with a reason
+            s3store.warm_up()
     limits = layout.ScanLimits(max_steps=args.max_steps,
                                metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
     serve(sys.stdin.buffer, sys.stdout.buffer, limits, args.cpu_seconds)

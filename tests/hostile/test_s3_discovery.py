@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from e2e.s3server import Identity, S3Server, weed_binary
-from resilient_contract import dcp_metadata, layout, s3store
+from resilient_contract import dcp_metadata, layout, lineage, s3store
 from resilient_contract.s3store import S3Credentials, S3Store
 from resilient_operator import constants as c
 from resilient_operator.core.reconcile import STORAGE_RETRY_SECONDS, reconcile
@@ -175,6 +175,31 @@ def test_thousands_of_step_prefixes_cost_a_bounded_number_of_requests(
     assert time.monotonic() - started < TIMEOUT
     beyond, requests = scan(server, uri, layout.ScanLimits(max_steps=3))
     assert beyond.latest is None and beyond.unexamined == steps - 3 and requests == 3 + 3
+
+
+def test_a_root_with_too_many_keys_is_refused_not_listed_forever(server: S3Server, admin: Any,
+                                                                  template: dict[str, bytes]) -> None:  # fmt: skip
+    uri = f"s3://{BUCKET_A}/many"  # 2,500 step prefixes (planted above, or now)
+    if not admin.exists(f"{BUCKET_A}/many/{layout.step_dir_name(2500)}"):
+        plant(admin, uri, {f"{layout.step_dir_name(s)}/x": b"x" for s in range(1, 2501)})
+    store = S3Store(uri, creds(server), max_root_pages=2)
+    with pytest.raises(layout.StorageError, match="holds more than 2000 keys"):
+        layout.scan(store)
+    assert store.requests == 2
+
+
+def test_a_fenced_attempts_save_is_refused_on_s3(server: S3Server, admin: Any, template: dict[str, bytes]) -> None:
+    """The lineage rule over objects: attempt 2 resumed from step 1, so attempt 1's later step 2 is refused."""
+    uri, job = f"s3://{BUCKET_A}/fenced", "uid-1"
+    plant(admin, uri, {
+        **checkpoint(template, STEP1), f"{STEP1}/{lineage.WRITER_FILE}": lineage.format_writer(job, 1),
+        **checkpoint(template, STEP2), f"{STEP2}/{lineage.WRITER_FILE}": lineage.format_writer(job, 1),
+        lineage.marker_name(job, 1): lineage.format_marker(job, 1, None),
+        lineage.marker_name(job, 2): lineage.format_marker(job, 2, 1),
+    })  # fmt: skip
+    listing = layout.discover(uri, f"s3://{BUCKET_A}", job=job, s3=creds(server))
+    assert listing.latest is not None and listing.latest.step == 1, listing
+    assert listing.skipped[0].step == 2 and listing.skipped[0].fenced_writer == 1, listing.skipped
 
 
 def test_an_empty_prefix_is_a_root_not_written_yet(server: S3Server) -> None:

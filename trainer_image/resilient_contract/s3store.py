@@ -115,16 +115,28 @@ def filesystem(creds: S3Credentials | None = None) -> Any:
     return fs
 
 
-def _new_filesystem(creds: S3Credentials) -> Any:
-    import s3fs  # deferred: only s3:// roots need it
+_SESSION: Any = None  # one botocore session: its loaded models make every further client cheap (~0.03 s, not 0.5)
 
+
+def warm_up() -> None:
+    """Import the client and load its models now (a discovery worker at start-up, outside any deadline)."""
+    _new_filesystem(S3Credentials("warm-up", "warm-up", "http://127.0.0.1:9")).connect()  # no request is made
+
+
+def _new_filesystem(creds: S3Credentials) -> Any:
+    global _SESSION
+    import s3fs  # deferred: only s3:// roots need it
+    from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+
+    if _SESSION is None:
+        _SESSION = AioSession()
     client_kwargs: dict[str, Any] = {"region_name": creds.region or "us-east-1"}
     connect, read = float(CONNECT_TIMEOUT_S), float(READ_TIMEOUT_S)
     if creds.timeout_s is not None:
         connect, read = min(connect, creds.timeout_s), min(read, creds.timeout_s)
     fs = s3fs.S3FileSystem(
         key=creds.access_key, secret=creds.secret_key, endpoint_url=creds.endpoint_url,
-        client_kwargs=client_kwargs, skip_instance_cache=True, use_listings_cache=False,
+        client_kwargs=client_kwargs, skip_instance_cache=True, use_listings_cache=False, session=_SESSION,
         config_kwargs={"connect_timeout": connect, "read_timeout": read,
                        "retries": {"max_attempts": 2, "mode": "standard"}},
     )  # fmt: skip
