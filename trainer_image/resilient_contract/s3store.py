@@ -37,7 +37,7 @@ MAX_ROOT_PAGES = 200  # 200,000 entries at the root: more is refused, not listed
 MAX_STEP_KEYS = 100_100  # layout.MAX_SHARD_FILES shards plus the few files a step also holds
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 20
-S3FS_RETRIES = 2
+S3FS_RETRIES = 1  # botocore retries transient errors itself (standard mode); s3fs would retry on top
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
