@@ -52,6 +52,7 @@ COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retr
 MAX_COOLDOWN_ENTRIES = 4096
 STARTUP_SECONDS = 60.0  # `warm`'s bound on start-up (an interpreter; with object-store areas, the S3 client too)
 READY = b'{"ready": true}'  # a worker's first line, once it is ready to serve
+THREAD_STACK_BYTES = 1 << 20  # the S3 client's threads' stacks (8 MiB by default, counted by RLIMIT_AS)
 
 
 def _failed(root: str, reason: str, message: str) -> layout.Listing:
@@ -210,8 +211,10 @@ class DiscoveryPool:
         if self.config.object_areas:
             command.append("--object-store")  # import s3fs at start-up, not inside a call's deadline
         try:
+            # MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per thread's arena, which RLIMIT_AS counts
+            env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", close_fds=True,
-                                    bufsize=0)  # fmt: skip
+                                    bufsize=0, env=env)  # fmt: skip
         except OSError:
             log.exception("cannot start a checkpoint discovery worker")
             return None
@@ -457,6 +460,9 @@ def worker_main(argv: list[str]) -> None:
     _limit(resource.RLIMIT_FSIZE, 0, 0)
     _limit(resource.RLIMIT_AS, args.memory_bytes, args.memory_bytes)
     if args.object_store:
+        # The S3 client runs an event-loop thread (and resolver threads): small stacks keep its address space,
+        # which RLIMIT_AS counts, well inside the limit (see MALLOC_ARENA_MAX in `_spawn`).
+        threading.stack_size(THREAD_STACK_BYTES)
         with contextlib.suppress(Exception):  # without the client an s3:// root gets DiscoveryFailed, with a reason
             s3store.warm_up()
     limits = layout.ScanLimits(max_steps=args.max_steps,

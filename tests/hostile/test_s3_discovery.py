@@ -22,6 +22,7 @@ from resilient_operator import constants as c
 from resilient_operator.core.reconcile import STORAGE_RETRY_SECONDS, reconcile
 from resilient_operator.discovery import DiscoveryPool, _redacted
 from resilient_operator.settings import DiscoverySettings, ObjectStoreArea
+from tests.hostile import attacks
 from tests.operator.builders import NOW, healthy, job, running_status
 
 TIMEOUT = 5.0
@@ -312,6 +313,32 @@ def test_the_other_tenant_is_still_served(pool: DiscoveryPool, admin: Any, templ
     plant(admin, f"s3://{BUCKET_B}/job", checkpoint(template, STEP1))
     listing = timed(pool, f"s3://{BUCKET_B}/job", "tenant-b")
     assert listing.latest is not None and listing.latest.step == 1, listing
+
+
+def test_a_pickle_bomb_in_a_bucket_costs_one_worker_not_the_operator(
+        server: S3Server, admin: Any, template: dict[str, bytes], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A tight address-space limit still holds the S3 client (small thread stacks, two malloc arenas); the
+    bomb ends in a reason, and the next job is served by a fresh worker."""
+    secrets = tmp_path_factory.mktemp("bomb-secrets")
+    (secrets / "ro-a").mkdir()
+    (secrets / "ro-a" / "AWS_ACCESS_KEY_ID").write_text(ident(server, "ro-a").access_key)
+    (secrets / "ro-a" / "AWS_SECRET_ACCESS_KEY").write_text(ident(server, "ro-a").secret_key)
+    area = ObjectStoreArea(f"s3://{BUCKET_A}/bomb", ("tenant-a",), "ro-a", server.endpoint)
+    p = DiscoveryPool(DiscoverySettings(timeout_seconds=30.0, workers=1, memory_bytes=192 << 20,
+                                        object_areas=(area,), object_secrets_dir=str(secrets)))  # fmt: skip
+    try:
+        p.warm()
+        plant(admin, f"s3://{BUCKET_A}/bomb/job", {**checkpoint(template, STEP1),
+                                                  f"{STEP2}/.metadata": attacks.list_bomb(3_000_000)})  # fmt: skip
+        plant(admin, f"s3://{BUCKET_A}/bomb/fine", checkpoint(template, STEP1))
+        started = time.monotonic()
+        bombed = p.discover(f"s3://{BUCKET_A}/bomb/job", "tenant-a")
+        assert time.monotonic() - started < 30 + SLACK
+        assert bombed.reason == layout.REASON_DISCOVERY_FAILED and "memory" in (bombed.error or ""), bombed
+        fine = timed(p, f"s3://{BUCKET_A}/bomb/fine", "tenant-a")
+        assert fine.latest is not None and fine.latest.step == 1, fine
+    finally:
+        p.close()
 
 
 def test_keys_echoed_by_a_store_are_redacted() -> None:
