@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from resilient_operator import controller
 from resilient_operator.settings import (
     MAX_SECRET_BYTES,
     OBJECT_STORE_SECRETS_DIR,
@@ -16,6 +17,7 @@ from resilient_operator.settings import (
     SettingsError,
     object_areas,
 )  # fmt: skip
+from tests.operator.builders import gang, job, running_status
 
 
 def test_defaults_have_no_object_store() -> None:
@@ -68,3 +70,12 @@ def test_an_area_without_a_secret_uses_the_pods_own_identity() -> None:
     creds = ObjectStoreArea("s3://ckpt/a", ("a",), endpoint="https://s3.example").credentials("/nowhere", 2.0)
     assert (creds.access_key, creds.secret_key, creds.endpoint_url, creds.timeout_s) == \
         (None, None, "https://s3.example", 2.0)  # fmt: skip
+
+
+def test_no_progress_reads_under_an_s3_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launcher reports are files on a shared volume: under an s3:// root the operator reads none (a relative
+    `s3:/...` path would otherwise resolve against its working directory)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:").mkdir()  # what a relative read would have found
+    assert controller.read_progress(job(running_status(), checkpoint={"root": "s3://ckpt/team-a/job"}),
+                                    gang(1, 2)) == []  # fmt: skip
