@@ -63,6 +63,8 @@ def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
     """The launchers' reports for the pods of the job's current attempt (bounded reads; hostile input)."""
     root = job.spec.checkpoint_root
     root = urlparse(root).path if root.startswith("file://") else root
+    if not root.startswith("/"):
+        return []  # an s3:// root: the launchers' reports are files on a shared volume, not objects
     attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
     out = []
     for pod in pods:

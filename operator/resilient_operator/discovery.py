@@ -11,11 +11,18 @@ A call that overruns its deadline gets `DiscoveryTimedOut`, and its worker is ki
 worker that dies (CPU limit, OOM kill) gives `DiscoveryFailed`. Either way the root is not tried again
 for a cooldown (six deadlines) and the same answer is returned at once, so a handful of hostile jobs
 cannot keep every worker busy: a healthy job waits at most one deadline for a free worker.
+
+A worker says when it is ready (`READY`); `warm` (at operator start) waits for that outside any call, and
+with object-store areas configured a worker also loads the S3 client before it is ready. An `s3://` root
+is matched to one of its namespace's areas lexically, here, before any request; that area's read-only
+keys are read from the mounted Secret at each call and sent on the worker's stdin (never its command
+line), and an error the store echoes is redacted before it leaves the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,8 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilient_contract import dcp_metadata, layout
-from resilient_operator.settings import DiscoverySettings
+from resilient_contract import dcp_metadata, layout, s3store
+from resilient_contract.s3store import S3Credentials
+from resilient_operator.settings import DiscoverySettings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,9 @@ MAX_ROOT_CHARS = 4096
 RECYCLE_RSS_BYTES = 128 * 1024 * 1024  # a worker that still holds this much is replaced after answering
 COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retried for this many deadlines
 MAX_COOLDOWN_ENTRIES = 4096
+STARTUP_SECONDS = 60.0  # `warm`'s bound on start-up (an interpreter; with object-store areas, the S3 client too)
+READY = b'{"ready": true}'  # a worker's first line, once it is ready to serve
+THREAD_STACK_BYTES = 1 << 20  # the S3 client's threads' stacks (8 MiB by default, counted by RLIMIT_AS)
 
 
 def _failed(root: str, reason: str, message: str) -> layout.Listing:
@@ -52,6 +63,7 @@ def _failed(root: str, reason: str, message: str) -> layout.Listing:
 class _Worker:
     proc: subprocess.Popen[bytes]
     calls: int = 0
+    ready: bool = False  # its start-up line was read: start-up (imports) never counts against a call's deadline
 
 
 @dataclass
@@ -74,9 +86,16 @@ class DiscoveryPool:
                  starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
         """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
         and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
-        area = self.config.area_for(namespace)
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
             return _failed(str(root)[:200], layout.REASON_INVALID_ROOT, "checkpoint root is too long")
+        s3: S3Credentials | None = None
+        if root.startswith(s3store.SCHEME):
+            try:
+                area, s3 = self._object_store(root, namespace)
+            except layout.StorageError as exc:  # refused lexically, or the operator's keys are not mounted
+                return _failed(root, exc.reason, str(exc))
+        else:
+            area = self.config.area_for(namespace)
         key = (root, area)
         timeout = self.config.timeout_seconds
         with self._lock:
@@ -90,12 +109,24 @@ class DiscoveryPool:
                            f"every checkpoint discovery worker stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
-            listing, worker = self._call(worker, root, area, job, starts)
+            listing, worker = self._call(worker, root, area, job, starts, s3)
         finally:
             self._slots.put(worker)
         if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
             self._hold(key, listing)
         return listing
+
+    def _object_store(self, root: str, namespace: str) -> tuple[str, S3Credentials]:
+        """The namespace's object-store area holding `root` (lexically: no request) and the operator's keys for
+        it, read from the mounted Secret now. Each request's timeout is a quarter of the deadline, so an
+        endpoint that is down answers with the store's error before the worker would be killed."""
+        areas = self.config.object_areas_for(namespace)
+        uri = layout.object_area(root, [a.uri for a in areas])
+        area = next(a for a in areas if a.uri == uri)
+        try:
+            return uri, area.credentials(self.config.object_secrets_dir, self.config.timeout_seconds / 4)
+        except SettingsError as exc:
+            raise layout.StorageError(str(exc)) from None
 
     def _hold(self, key: tuple[str, str], listing: layout.Listing) -> None:
         pause = COOLDOWN_DEADLINES * self.config.timeout_seconds
@@ -111,9 +142,14 @@ class DiscoveryPool:
             self._cooldown[key] = (now + pause, held)
 
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
-              starts: Sequence[tuple[int, int | None]] = ()) -> tuple[layout.Listing, _Worker | None]:
+              starts: Sequence[tuple[int, int | None]] = (),
+              s3: S3Credentials | None = None) -> tuple[layout.Listing, _Worker | None]:
         self._reap()
-        request = json.dumps({"root": root, "area": area, "job": job, "starts": list(starts)}).encode() + b"\n"
+        # Keys travel on the worker's stdin, never its command line (visible to every process on the node).
+        message: dict[str, Any] = {"root": root, "area": area, "job": job, "starts": list(starts)}
+        if s3 is not None:
+            message["s3"] = dataclasses.asdict(s3)
+        request = json.dumps(message).encode() + b"\n"
         reused = worker is not None and worker.proc.poll() is None
         if not reused:
             worker = self._spawn()
@@ -151,6 +187,11 @@ class DiscoveryPool:
     def _exchange(self, worker: _Worker, request: bytes) -> bytes | None:
         """Send one request; the answer line, b"" if the worker died, None past the deadline."""
         deadline = time.monotonic() + self.config.timeout_seconds
+        if not worker.ready:  # a worker started inside this call: its start-up counts (a slot is held at most
+            hello = _read_line(worker.proc, deadline)  # one deadline); `warm` starts them outside any call
+            if hello is None or hello != READY:
+                return hello if hello is None else b""
+            worker.ready = True
         worker.calls += 1
         try:
             assert worker.proc.stdin is not None
@@ -167,9 +208,13 @@ class DiscoveryPool:
                    "--memory-bytes", str(self.config.memory_bytes), "--cpu-seconds", str(cpu),
                    "--metadata-max-bytes", str(self.config.metadata_max_bytes),
                    "--max-steps", str(self.config.max_steps)]  # fmt: skip
+        if self.config.object_areas:
+            command.append("--object-store")  # import s3fs at start-up, not inside a call's deadline
         try:
+            # MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per thread's arena, which RLIMIT_AS counts
+            env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", close_fds=True,
-                                    bufsize=0)  # fmt: skip
+                                    bufsize=0, env=env)  # fmt: skip
         except OSError:
             log.exception("cannot start a checkpoint discovery worker")
             return None
@@ -198,15 +243,22 @@ class DiscoveryPool:
             self._dying = [p for p in self._dying if p.poll() is None]
 
     def warm(self) -> None:
-        """Start every worker now, so the first reconciles do not pay for interpreter start-up."""
+        """Start every worker now and wait until each is ready (at most STARTUP_SECONDS), so the first
+        reconciles pay neither for interpreter start-up nor for loading the S3 client."""
         slots = []
         while True:
             try:
                 slots.append(self._slots.get_nowait())
             except queue.Empty:
                 break
-        for worker in slots:
-            self._slots.put(worker if worker is not None and worker.proc.poll() is None else self._spawn())
+        started = [worker if worker is not None and worker.proc.poll() is None else self._spawn() for worker in slots]
+        deadline = time.monotonic() + STARTUP_SECONDS
+        for worker in started:
+            if worker is not None and not worker.ready:
+                worker.ready = _read_line(worker.proc, deadline) == READY
+                if not worker.ready:
+                    self._kill(worker)
+            self._slots.put(worker if worker is None or worker.ready else None)
 
     def pids(self) -> list[int]:
         """Process ids of the idle workers (for tests and metrics)."""
@@ -331,7 +383,9 @@ def _current_rss() -> int:
 
 
 def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) -> None:
-    """Answer one JSON request line at a time until EOF. Runs inside the worker process."""
+    """Say it is ready, then answer one JSON request line at a time until EOF. Runs inside the worker process."""
+    stdout.write(READY + b"\n")
+    stdout.flush()
     while True:
         line = stdin.readline(MAX_REQUEST_BYTES)
         if not line:
@@ -341,8 +395,11 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             request = json.loads(line)
             job = request.get("job")
             starts = [(int(a), None if r is None else int(r)) for a, r in request.get("starts") or []]
+            s3 = _credentials(request.get("s3"))
             listing = layout.discover(str(request["root"]), str(request["area"]), limits,
-                                      job=str(job) if job is not None else None, starts=starts)
+                                      job=str(job) if job is not None else None, starts=starts, s3=s3)
+            if s3 is not None:
+                listing = _redacted(listing, s3.secrets())
         except MemoryError:
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
         except Exception:
@@ -355,6 +412,39 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             return
 
 
+def _credentials(data: Any) -> S3Credentials | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError("s3 must be an object")
+    fields = {f.name: f.type for f in dataclasses.fields(S3Credentials)}
+    if not set(data) <= set(fields):
+        raise ValueError("unknown s3 field")
+    timeout = data.get("timeout_s")
+    if timeout is not None and not isinstance(timeout, (int, float)):
+        raise ValueError("s3.timeout_s must be a number")
+    strings = {k: v for k, v in data.items() if k != "timeout_s"}
+    if not all(v is None or isinstance(v, str) for v in strings.values()):
+        raise ValueError("s3 fields must be strings")
+    return S3Credentials(**strings, timeout_s=None if timeout is None else float(timeout))
+
+
+def _redacted(listing: layout.Listing, secrets: Sequence[str]) -> layout.Listing:
+    """The listing with any key the store echoed in an error replaced (a condition is readable by the tenant)."""
+
+    def clean(text: str | None) -> str | None:
+        for secret in secrets:
+            if text is not None and secret in text:
+                text = text.replace(secret, "<redacted>")
+        return text
+
+    def verdict(v: layout.Verdict | None) -> layout.Verdict | None:
+        return None if v is None else dataclasses.replace(v, reason=clean(v.reason) or "", path=clean(v.path) or "")
+
+    return dataclasses.replace(listing, error=clean(listing.error), latest=verdict(listing.latest),
+                               skipped=tuple(v for s in listing.skipped if (v := verdict(s)) is not None))
+
+
 def worker_main(argv: list[str]) -> None:
     import argparse
 
@@ -364,10 +454,17 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--metadata-max-bytes", type=int, required=True)
     parser.add_argument("--max-steps", type=int, required=True)
+    parser.add_argument("--object-store", action="store_true", help="import the S3 client now")
     args = parser.parse_args(argv)
     _limit(resource.RLIMIT_CORE, 0, 0)
     _limit(resource.RLIMIT_FSIZE, 0, 0)
     _limit(resource.RLIMIT_AS, args.memory_bytes, args.memory_bytes)
+    if args.object_store:
+        # The S3 client runs an event-loop thread (and resolver threads): small stacks keep its address space,
+        # which RLIMIT_AS counts, well inside the limit (see MALLOC_ARENA_MAX in `_spawn`).
+        threading.stack_size(THREAD_STACK_BYTES)
+        with contextlib.suppress(Exception):  # without the client an s3:// root gets DiscoveryFailed, with a reason
+            s3store.warm_up()
     limits = layout.ScanLimits(max_steps=args.max_steps,
                                metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
     serve(sys.stdin.buffer, sys.stdout.buffer, limits, args.cpu_seconds)

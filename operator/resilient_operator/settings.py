@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from resilient_contract import s3store
+from resilient_contract.s3store import S3Credentials
 from resilient_operator.core.model import OperatorConfig
 
 MiB = 1024 * 1024
@@ -16,6 +19,49 @@ MiB = 1024 * 1024
 
 class SettingsError(ValueError):
     """An operator setting is malformed: the operator refuses to start rather than guess."""
+
+
+OBJECT_STORE_SECRETS_DIR = "/etc/resilient-training/object-store"  # RTJ_OBJECT_STORE_SECRETS_DIR
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")  # the keys each area's Secret holds
+MAX_SECRET_BYTES = 4096
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+_ENDPOINT_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(/[^\s]*)?$")
+
+
+@dataclass(frozen=True)
+class ObjectStoreArea:
+    """An `s3://bucket[/prefix]` the platform admin lets `namespaces` use (the chart's objectStorage.areas).
+
+    The operator's read-only keys for it are the Secret `secret` in the operator's namespace, mounted by
+    the chart at <RTJ_OBJECT_STORE_SECRETS_DIR>/<secret>/ and read at each discovery (so a rotated key is
+    picked up); no secret: botocore's default chain (the operator pod's own identity, e.g. IRSA)."""
+
+    uri: str
+    namespaces: tuple[str, ...]
+    secret: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+
+    def credentials(self, secrets_dir: str, timeout_s: float | None = None) -> S3Credentials:
+        """The area's keys, read from the mounted Secret now; SettingsError if they cannot be read."""
+        if self.secret is None:
+            return S3Credentials(None, None, self.endpoint, self.region, timeout_s)
+        values = []
+        for key in SECRET_KEYS:
+            path = posixpath.join(secrets_dir, self.secret, key)
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read(MAX_SECRET_BYTES + 1)
+            except OSError as exc:
+                why = f"{key} of Secret {self.secret} is not mounted ({type(exc).__name__})"
+                raise SettingsError(f"the operator's keys for {self.uri} cannot be read: {why}") from None
+            value = raw.decode("utf-8", "replace").strip()
+            if not value or len(raw) > MAX_SECRET_BYTES:
+                raise SettingsError(f"the operator's keys for {self.uri}: {key} of Secret {self.secret} is empty "
+                                    "or oversized")  # fmt: skip
+            values.append(value)
+        return S3Credentials(values[0], values[1], self.endpoint, self.region, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -29,10 +75,16 @@ class DiscoverySettings:
     max_steps: int = 32  # RTJ_DISCOVERY_MAX_STEPS: newest K step directories examined
     memory_bytes: int = 512 * MiB  # RTJ_DISCOVERY_MEMORY_BYTES: each worker's RLIMIT_AS
     workers: int = 2  # RTJ_DISCOVERY_WORKERS
+    object_areas: tuple[ObjectStoreArea, ...] = ()  # RTJ_OBJECT_STORE_AREAS
+    object_secrets_dir: str = OBJECT_STORE_SECRETS_DIR  # RTJ_OBJECT_STORE_SECRETS_DIR
 
     def area_for(self, namespace: str) -> str:
         """Where a namespace's checkpoint roots must lie: its RTJ_STORAGE_AREAS entry or <mount>/<namespace>."""
         return self.storage_areas.get(namespace) or posixpath.join(self.checkpoint_mount, namespace)
+
+    def object_areas_for(self, namespace: str) -> list[ObjectStoreArea]:
+        """The object-store areas a namespace may use (none unless the platform admin mapped one)."""
+        return [a for a in self.object_areas if namespace in a.namespaces]
 
     @classmethod
     def from_environ(cls, env: dict[str, str] | None = None) -> DiscoverySettings:
@@ -46,6 +98,9 @@ class DiscoverySettings:
             max_steps=_number(env, "RTJ_DISCOVERY_MAX_STEPS", 32, int),
             memory_bytes=_number(env, "RTJ_DISCOVERY_MEMORY_BYTES", 512 * MiB, int),
             workers=_number(env, "RTJ_DISCOVERY_WORKERS", 2, int),
+            object_areas=object_areas(env.get("RTJ_OBJECT_STORE_AREAS") or "[]"),
+            object_secrets_dir=_abs_path(env.get("RTJ_OBJECT_STORE_SECRETS_DIR") or OBJECT_STORE_SECRETS_DIR,
+                                         "RTJ_OBJECT_STORE_SECRETS_DIR"),
         )
 
 
@@ -82,6 +137,46 @@ def _areas(raw: str) -> dict[str, str]:
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise SettingsError("RTJ_STORAGE_AREAS must be a JSON object {namespace: absolute path}")
     return {ns: _abs_path(path, f"RTJ_STORAGE_AREAS[{ns}]") for ns, path in data.items()}
+
+
+_AREA_FIELDS = {"uri", "namespaces", "secret", "endpoint", "region"}
+
+
+def object_areas(raw: str) -> tuple[ObjectStoreArea, ...]:
+    """RTJ_OBJECT_STORE_AREAS: the chart's `objectStorage.areas` as JSON, one format for both. Each entry is
+    {uri: s3://bucket[/prefix], namespaces: [..], secret?: Secret name, endpoint?: URL, region?: name}."""
+    what = "RTJ_OBJECT_STORE_AREAS"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise SettingsError(f"{what} must be a JSON list of areas") from None
+    if not isinstance(data, list):
+        raise SettingsError(f"{what} must be a JSON list of areas")
+    out = []
+    for i, entry in enumerate(data):
+        at = f"{what}[{i}]"
+        if not isinstance(entry, dict) or not set(entry) <= _AREA_FIELDS:
+            raise SettingsError(f"{at} must be an object with keys among {sorted(_AREA_FIELDS)}")
+        uri = entry.get("uri")
+        try:
+            uri = s3store.parse_uri(uri).uri if isinstance(uri, str) else None
+        except ValueError as exc:
+            raise SettingsError(f"{at}.uri: {exc}") from None
+        if uri is None:
+            raise SettingsError(f"{at}.uri must be s3://bucket[/prefix]")
+        namespaces = entry.get("namespaces")
+        if not isinstance(namespaces, list) or not namespaces or not all(
+                isinstance(n, str) and _DNS_LABEL_RE.match(n) for n in namespaces):
+            raise SettingsError(f"{at}.namespaces must be a non-empty list of namespace names")
+        secret, endpoint, region = (entry.get(k) or None for k in ("secret", "endpoint", "region"))  # "": unset
+        if secret is not None and not (isinstance(secret, str) and _DNS_SUBDOMAIN_RE.match(secret)):
+            raise SettingsError(f"{at}.secret must name a Secret in the operator's namespace")
+        if endpoint is not None and not (isinstance(endpoint, str) and _ENDPOINT_RE.match(endpoint)):
+            raise SettingsError(f"{at}.endpoint must be an http(s):// URL")
+        if region is not None and not (isinstance(region, str) and re.fullmatch(r"[a-z0-9-]{1,32}", region)):
+            raise SettingsError(f"{at}.region must be a region name such as us-east-1")
+        out.append(ObjectStoreArea(uri, tuple(namespaces), secret, endpoint, region))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,33 @@ def test_permission_denied_is_an_error(tmp_path: Path) -> None:
 
 
 def test_unsupported_scheme_says_so() -> None:
-    assert "s3:// is not supported yet" in layout.discover("s3://bucket/ckpt").error
+    found = layout.discover("gs://bucket/ckpt")
+    assert found.reason == layout.REASON_INVALID_ROOT and "gs:// is not supported" in found.error
+
+
+AREAS = ["s3://ckpt/team-a", "s3://shared", "s3://ckpt/team-b/nested"]
+
+
+@pytest.mark.parametrize(("root", "area"), [
+    ("s3://ckpt/team-a", "s3://ckpt/team-a"), ("s3://ckpt/team-a/job/", "s3://ckpt/team-a"),
+    ("s3://shared/any/thing", "s3://shared"), ("s3://ckpt/team-b/nested/x", "s3://ckpt/team-b/nested"),
+])  # fmt: skip
+def test_an_s3_root_is_matched_to_its_area_lexically(root: str, area: str) -> None:
+    assert layout.object_area(root, AREAS) == area
+
+
+@pytest.mark.parametrize(("root", "reason"), [
+    ("s3://ckpt/team-ab/x", layout.REASON_ROOT_OUTSIDE_AREA), ("s3://ckpt", layout.REASON_ROOT_OUTSIDE_AREA),
+    ("s3://ckpt/team-b/x", layout.REASON_ROOT_OUTSIDE_AREA), ("s3://other/team-a", layout.REASON_ROOT_OUTSIDE_AREA),
+    ("s3://ckpt/team-a/../team-b", layout.REASON_INVALID_ROOT), ("s3://ckpt/team-a//x", layout.REASON_INVALID_ROOT),
+    ("s3://CKPT/team-a", layout.REASON_INVALID_ROOT), ("s3://a..b/x", layout.REASON_INVALID_ROOT),
+])  # fmt: skip
+def test_an_s3_root_outside_every_area_is_refused_before_any_request(root: str, reason: str) -> None:
+    with pytest.raises(layout.StorageError) as caught:
+        layout.object_area(root, AREAS)
+    assert caught.value.reason == reason
+    found = layout.discover(root, "s3://ckpt/team-a", s3=object())  # no store is ever built: no request
+    assert found.reason == reason and found.error == str(caught.value) and not found.missing
 
 
 def test_step_names_round_trip() -> None:

@@ -196,10 +196,11 @@ def test_root_outside_the_namespace_area_is_refused_without_an_oracle(pool: Disc
         (lambda m: f"{m}/tenant-a/../tenant-b/x", layout.REASON_INVALID_ROOT),
         (lambda m: f"{m}/tenant-a/a\x00b", layout.REASON_INVALID_ROOT),
         (lambda m: "tenant-a/relative", layout.REASON_INVALID_ROOT),
-        (lambda m: "s3://bucket/tenant-a", layout.REASON_INVALID_ROOT),
+        (lambda m: "gs://bucket/tenant-a", layout.REASON_INVALID_ROOT),
+        (lambda m: "s3://bucket/tenant-a", layout.REASON_ROOT_OUTSIDE_AREA),  # no object-store area for it
         (lambda m: "/" + "a" * 5000, layout.REASON_INVALID_ROOT),
     ],
-    ids=["dot-dot", "nul-byte", "relative", "unsupported-scheme", "very-long"],
+    ids=["dot-dot", "nul-byte", "relative", "unsupported-scheme", "s3-without-an-area", "very-long"],
 )
 def test_malformed_root_is_refused(pool: DiscoveryPool, mount: Path, make_root: Callable[[Path], str],
                                    reason: str) -> None:  # fmt: skip

@@ -12,8 +12,9 @@ failure becomes a verdict or a `Listing.error` with a reason. Messages name the 
 validated shard names, never file contents or anything outside the checkpoint. `discover(uri, area)`
 also refuses a root outside its namespace's storage area before touching the filesystem.
 
-Storage goes through `CheckpointStore`, so an object store (`s3://`) can be added without touching the
-rule. Torch-free: the operator imports this module (and runs `discover` in a sandboxed worker).
+Storage goes through `CheckpointStore`: a mounted path (`LocalStore`) or an object store (`s3://bucket/prefix`,
+`s3store.S3Store`), under the same rule. Torch-free: the operator imports this module (and runs
+`discover` in a sandboxed worker).
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ class RootMissing(StorageError):
     """The checkpoint root does not exist: normal before the first save, alarming after one."""
 
     reason = REASON_ROOT_MISSING
+
+
+class StoreUnavailable(StorageError):
+    """The store itself failed (an object store's endpoint, bucket or keys), not one entry: the whole discovery
+    is an error to retry, never a skipped checkpoint (that would resume from an older one)."""
 
 
 class UnsafeEntry(StorageError):
@@ -287,8 +293,8 @@ def _local_path(uri: str) -> str:
         return uri[len("file://") :]
     if "://" in uri:
         scheme = uri.split("://", 1)[0][:20]
-        raise StorageError(f"checkpoint storage scheme {scheme}:// is not supported yet (use a mounted path)",
-                           REASON_INVALID_ROOT)  # fmt: skip
+        raise StorageError(f"checkpoint storage scheme {scheme}:// is not supported (use a mounted path or "
+                           "s3://bucket/prefix)", REASON_INVALID_ROOT)  # fmt: skip
     if not uri.startswith("/"):
         raise StorageError("checkpoint root must be an absolute path", REASON_INVALID_ROOT)
     return uri
@@ -302,22 +308,36 @@ def open_store(uri: str, s3: Any = None) -> CheckpointStore:
     return LocalStore(_local_path(uri))
 
 
-def _open_s3(uri: str, creds: Any, area: str | None = None) -> CheckpointStore:
-    from resilient_contract import s3store  # deferred: s3fs is needed for s3:// roots only
+def object_area(uri: str, areas: Iterable[str]) -> str:
+    """The object-store area (`s3://bucket[/prefix]`) of `areas` that holds the root `uri`, decided lexically
+    (no request: no oracle); StorageError (invalid root, or outside every area) otherwise. The message names
+    neither the areas nor anything that exists, so a tenant learns nothing about another's buckets."""
+    from resilient_contract import s3store  # deferred: the s3 module is needed for s3:// roots only
 
     try:
         loc = s3store.parse_uri(uri)
     except ValueError as exc:
         raise StorageError(str(exc), REASON_INVALID_ROOT) from None
-    if area is not None:
+    for area in areas:
         try:
             allowed = s3store.parse_uri(area)
         except ValueError:
-            allowed = None
-        inside = allowed is not None and allowed.bucket == loc.bucket and within_area(loc.prefix, allowed.prefix)
-        if not inside:
-            raise StorageError(f"checkpoint root {loc.uri} is not inside an object-store area this job's namespace "
-                               "may use", REASON_ROOT_OUTSIDE_AREA)  # fmt: skip
+            continue
+        if allowed.bucket == loc.bucket and within_area(loc.prefix, allowed.prefix):
+            return area
+    raise StorageError(f"checkpoint root {loc.uri} is not inside an object-store area this job's namespace may "
+                       "use", REASON_ROOT_OUTSIDE_AREA)  # fmt: skip
+
+
+def _open_s3(uri: str, creds: Any, area: str | None = None) -> CheckpointStore:
+    from resilient_contract import s3store  # deferred: s3fs is needed for s3:// roots only
+
+    if area is not None:
+        object_area(uri, [area])
+    try:
+        loc = s3store.parse_uri(uri)
+    except ValueError as exc:
+        raise StorageError(str(exc), REASON_INVALID_ROOT) from None
     return s3store.S3Store(loc.uri, creds)
 
 
@@ -409,6 +429,8 @@ def check_step(store: CheckpointStore, name: str, limits: dcp_metadata.Limits = 
                                fenced_writer=writer[1] if writer else None)
     except UnsafeEntry as exc:
         reason = f"the step directory is {exc.kind}"
+    except StoreUnavailable:
+        raise
     except StorageError as exc:
         reason = str(exc)
     except OSError as exc:
@@ -665,7 +687,7 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
         if job is not None:
             jid = lineage.job_id(job)
             rule = lineage.Lineage.merge(jid, read_lineage(store, jid), starts)
-        return _scan(store, uri, limits, rule)
+        return scan(store, limits, rule, uri)
     except RootMissing as exc:
         return Listing(uri, None, (), str(exc), missing=True, reason=exc.reason)
     except StorageError as exc:
@@ -680,7 +702,11 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
             store.close()
 
 
-def _scan(store: CheckpointStore, uri: str, limits: ScanLimits, rule: lineage.Lineage | None = None) -> Listing:
+def scan(store: CheckpointStore, limits: ScanLimits = DEFAULT_SCAN, rule: lineage.Lineage | None = None,
+         uri: str | None = None) -> Listing:
+    """`discover`'s scan of an opened store (a benchmark or test can count its requests). A store failure
+    (StorageError) propagates: `discover` turns it into `Listing.error`."""
+    uri = store.uri if uri is None else uri
     entries, total = newest_step_entries(store, limits.max_steps)
     skipped: list[Verdict] = []
     count = 0

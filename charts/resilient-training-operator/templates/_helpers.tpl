@@ -158,3 +158,18 @@ Cross-value checks the schema cannot express; the render fails with the reason.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The distinct Secrets named by objectStorage.areas: each is mounted read-only at
+/etc/resilient-training/object-store/<secret>/ (RTJ_OBJECT_STORE_SECRETS_DIR), where the operator reads
+the area's keys at each discovery. One list, used for the volumes and their mounts alike.
+*/}}
+{{- define "rto.objectStoreSecrets" -}}
+{{- $secrets := list }}
+{{- range .Values.objectStorage.areas }}
+{{- if .secret }}
+{{- $secrets = append $secrets .secret }}
+{{- end }}
+{{- end }}
+{{- toJson (uniq $secrets) }}
+{{- end }}

@@ -197,7 +197,8 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
     if listing.error and not listing.missing:
         reason = listing.reason or c.REASON_STORAGE_UNREADABLE
         advice = _STORAGE_ADVICE.get(reason, "the job will not restart until the checkpoint root is readable by "
-                                     "the operator (check the volume mount and its permissions)")
+                                     "the operator (check the volume mount and its permissions; for s3://, the "
+                                     "object store's endpoint, the bucket and the operator's keys for it)")
         if ctx.condition(c.COND_STORAGE, False, reason, f"{listing.error}; {advice}"):
             ctx.event("Warning", reason, listing.error)
         ctx.plan.look_again(STORAGE_RETRY_SECONDS)
