@@ -237,7 +237,8 @@ class S3Store:
         except Exception as exc:
             raise S3Error(f"bucket {self.loc.bucket}: {describe_error(exc)}") from None
 
-    def _step_listing(self, step: str) -> dict[str, os.stat_result]:
+    def step_listing(self, step: str) -> dict[str, os.stat_result]:
+        """Every object under one step prefix (relative name -> stat), listed once per store."""
         if step not in self._steps:
             base = self.loc.key(step) + "/"
             files: dict[str, os.stat_result] = {}
@@ -272,7 +273,7 @@ class S3Store:
             return _DIR_STAT if relpath in dirs else None
         if parts[0] not in dirs:
             return None
-        return self._step_listing(parts[0]).get("/".join(parts[1:]))
+        return self.step_listing(parts[0]).get("/".join(parts[1:]))
 
     def size(self, relpath: str) -> int | None:
         st = self.stat_entry(relpath)

@@ -225,7 +225,7 @@ class S3Root:
         """Every key under a step prefix (bounded like discovery's listing)."""
         from resilient_contract import s3store
 
-        return [self._key(name) + "/" + rel for rel in s3store.S3Store(self.uri, fs=self._fs)._step_listing(name)]
+        return [self._key(name) + "/" + rel for rel in s3store.S3Store(self.uri, fs=self._fs).step_listing(name)]
 
     def claim_step(self, name: str, token: bytes | None) -> bool:
         if self._keys(name):
