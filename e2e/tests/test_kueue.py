@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,9 +121,10 @@ def test_two_jobs_compete_for_quota_the_second_waits_queued(with_kueue: Cluster,
                      "team-b"))
     status = wait_phase(cl, ns, "second", c.QUEUED, timeout=60)
     assert cond({"status": status}, c.COND_QUEUED)["status"] == "True"
-    time.sleep(2)  # it stays queued: 1 GPU of quota is left, it needs 3
+    # Kueue looked at it and said no (1 GPU of quota is left, it needs 3): QuotaReserved=False, Pending
+    wait_for(lambda: cond(workload_of(cl, ns, "second"), "QuotaReserved").get("reason") == "Pending", 30,
+             "Kueue refusing the second job's quota")
     assert not job_pods(cl, ns, "second") and get_job(cl, ns, "second")["status"]["phase"] == c.QUEUED
-    assert cond(workload_of(cl, ns, "second"), "QuotaReserved").get("status") != "True"
     finish(cl, ns, "first")
     wait_phase(cl, ns, "first", c.SUCCEEDED, timeout=60)
     assert cond(workload_of(cl, ns, "first"), "Finished")["status"] == "True"
@@ -159,7 +159,8 @@ def test_node_loss_shrinks_an_admitted_job_without_requeue_and_grows_back_by_a_n
     with_kueue: Cluster, queues: str
 ) -> None:
     cl, ns = with_kueue, queues
-    apply(cl, queued(job_manifest("shrink", ns, replicas=4, min_replicas=2, script=until_done(ns, "shrink")), "team-a"))
+    shrink = queued(job_manifest("shrink", ns, replicas=4, min_replicas=2, script=until_done(ns, "shrink")), "team-a")
+    apply(cl, shrink)
     pods = running_attempt(cl, ns, "shrink", 1, 4, timeout=90)  # the whole pool and the whole quota
     before = workload_of(cl, ns, "shrink")
     dead = node_of(pods, "1")
@@ -177,7 +178,7 @@ def test_node_loss_shrinks_an_admitted_job_without_requeue_and_grows_back_by_a_n
     # at the first checkpoint written after the capacity came back
     cl.restore_node(dead)
     wait_for(lambda: get_job(cl, ns, "shrink")["status"].get("growBack"), 60, "grow-back noticed")
-    make_checkpoint(cl.host_path(f"{HOST_DIR}/{ns}-shrink"), step=10)
+    make_checkpoint(scenarios.host_root(cl, shrink), step=10)
     wait_phase(cl, ns, "shrink", c.QUEUED, timeout=60)
     running_attempt(cl, ns, "shrink", 3, 4, timeout=90)
     regrown = workload_of(cl, ns, "shrink")
@@ -212,7 +213,7 @@ def test_high_priority_preempts_low_which_checkpoints_requeues_and_resumes(
     cl, ns = with_kueue, queues
     scenarios.shared_claim(cl, ns)
     low = scenarios.example_job("low", ns, replicas=2, min_replicas=2, steps=STEPS, step_delay=0.4,
-                                extra_args=(f"--dump-state={MOUNT}/{ns}-low.pt",))
+                                extra_args=(f"--dump-state={MOUNT}/{ns}/low.pt",))
     cl.apply(queued(low, "team-a", "low"))
     running_attempt(cl, ns, "low", 1, 2, timeout=180)
     scenarios.first_complete_checkpoint(cl, low)
