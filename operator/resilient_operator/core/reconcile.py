@@ -11,9 +11,9 @@ A Kueue-managed job (a queue-name label) also waits in `Queued` until its Worklo
 back there when Kueue evicts it or when growing back needs a new admission (core/queueing.py).
 
 This module only sequences the policies (health, failures, budgets, capacity, growback, drain, goodput,
-queueing, fencing) and turns their decisions into status, conditions and events. Everything needed to continue lives in the
-cluster: the attempt number and launch parameters are in status and on the pods (labels, annotations),
-so an operator restarted at any point picks up here.
+queueing, fencing) and turns their decisions into status, conditions and events. Everything needed to
+continue lives in the cluster: the attempt number and launch parameters are in status and on the pods
+(labels, annotations), so an operator restarted at any point picks up here.
 """
 
 from __future__ import annotations
