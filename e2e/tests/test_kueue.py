@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,9 +51,10 @@ def _operator_with_kueue(cluster: Cluster, on: bool) -> None:
 
 
 @pytest.fixture(scope="module")
-def with_kueue(cluster: Cluster, operator: str) -> Iterator[Cluster]:
-    """Kueue installed once; the operator upgraded to manage queue-labelled jobs, and back afterwards
-    (the later suites check the chart's default RBAC rule by rule)."""
+def with_kueue(cluster: Cluster, operator: str, reference_run: Any) -> Iterator[Cluster]:
+    """Kueue installed once for the module; the operator upgraded to manage queue-labelled jobs, and back
+    afterwards (the later suites check the chart's default RBAC rule by rule). `reference_run` only
+    starts the preemption test's reference training early."""
     kueue.install(cluster)
     _operator_with_kueue(cluster, True)
     yield cluster
@@ -191,16 +193,34 @@ def test_node_loss_shrinks_an_admitted_job_without_requeue_and_grows_back_by_a_n
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The same training without interruption (2 local processes): the model a resumed job must end with."""
-    import torch
-
+def reference_run(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], Path] | None]:
+    """The same training without interruption (2 local processes), started in the background as the module
+    begins (it overlaps Kueue's install and the first tests) when the preemption test is selected."""
+    if not any(item.name.startswith("test_high_priority_preempts") for item in request.session.items):
+        yield None
+        return
     out = tmp_path_factory.mktemp("reference")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
            "resilient_trainer.examples.tiny_gpt", f"--steps={STEPS}", "--checkpoint-every=0",
            f"--checkpoint-root={out / 'ckpt'}", f"--dump-state={out / 'state.pt'}"]  # fmt: skip
-    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
-    return dict(torch.load(out / "state.pt", weights_only=False))
+    with (out / "log").open("wb") as log:  # a file, not a pipe nobody drains while the tests run
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    yield proc, out / "state.pt"
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: tuple[subprocess.Popen[bytes], Path] | None) -> dict[str, Any]:
+    """The model a resumed job must end with."""
+    import torch
+
+    assert reference_run is not None
+    proc, state = reference_run
+    assert proc.wait(timeout=300) == 0, (state.parent / "log").read_text(errors="replace")[-2000:]
+    return dict(torch.load(state, weights_only=False))
 
 
 @pytest.mark.timeout(420)
