@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --progress-bar off -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm, kwok
+binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm, kwok, kueue, seaweedfs
 	bash hack/k8s/build.sh
 	bash hack/kwok/build.sh
+	bash hack/kueue/build.sh
+	bash hack/seaweedfs/build.sh
 
 lint: venv ## ruff, the layer contracts (import-linter, .importlinter) and mypy (strict on the core and the contracts)
 	$(VENV)/bin/ruff check .

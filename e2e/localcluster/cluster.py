@@ -235,11 +235,11 @@ class Cluster(ClusterTools):
                          **({"api-forward": self._forwarder.pid} if self._forwarder else {})},
                 "nodes": {n: (h.proc.pid if h.proc else None) for n, h in self.nodes.items()}}
 
-    def _spawn(self, name: str, args: list[str]) -> Component:
+    def _spawn(self, name: str, args: list[str], binary: Path | None = None) -> Component:
         log = self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("ab") as out:
-            proc = subprocess.Popen([str(self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([str(binary or self.bin_dir / name), *args], stdout=out, stderr=subprocess.STDOUT,
                                     preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (see _in_cluster)
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.dir)
         comp = Component(name, proc, log, args)
@@ -414,6 +414,13 @@ class Cluster(ClusterTools):
         wait_for(lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
                  timeout, "default ServiceAccount")
         self._save()
+
+    def start_component(self, name: str, binary: Path, args: list[str]) -> Component:
+        """Run an add-on controller (e.g. Kueue, e2e/kueue.py) like the control plane: inside the
+        cluster's network namespace, logged to logs/<name>.log, stopped with the cluster."""
+        comp = self._spawn(name, args, binary)
+        self._save()
+        return comp
 
     def restart_component(self, name: str, *, down_seconds: float = 0.0, grace: float = 5.0,
                           timeout: float = 120) -> None:

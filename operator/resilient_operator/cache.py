@@ -1,4 +1,5 @@
-"""What a reconcile reads: watch-fed caches of jobs, the operator's pods, nodes and node Leases.
+"""What a reconcile reads: watch-fed caches of jobs, the operator's pods, nodes and node Leases, and (Kueue
+integration on) the operator's Workloads, Kueue's ResourceFlavors and WorkloadPriorityClasses.
 
 Steady state makes no LIST calls: each resource is one list+watch (`informer.Informer`). Node views are
 built when a node or its Lease changes, not per reconcile, and carry the operator-clock time at which
@@ -30,7 +31,7 @@ from resilient_operator.kube import NODE_LEASE_NAMESPACE
 EXPECTATION_SECONDS = 30.0  # after this an unconfirmed create/delete may be issued again
 log = logging.getLogger(__name__)
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-# (resource "jobs" | "pods" | "nodes" | "leases", event type, old, new): on the informer's thread.
+# (resource "jobs" | "pods" | "nodes" | "leases" | "workloads", event type, old, new): on the informer's thread.
 Notify = Callable[[str, str, Obj | None, Obj | None], None]
 
 
@@ -73,10 +74,22 @@ def _list_calls(custom: client.CustomObjectsApi, core: client.CoreV1Api,
             lambda **kw: core.list_namespaced_pod(ns, **kw))
 
 
+def _workload_list(custom: client.CustomObjectsApi, ns: str) -> Callable[..., Any]:
+    """Kueue Workloads in one namespace or ("") all of them."""
+    if not ns:
+        return lambda **kw: custom.list_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, c.WORKLOADS, **kw)
+    return lambda **kw: custom.list_namespaced_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, ns, c.WORKLOADS, **kw)
+
+
+def _kueue_cluster_list(custom: client.CustomObjectsApi, plural: str) -> Callable[..., Any]:
+    return lambda **kw: custom.list_cluster_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, plural, **kw)
+
+
 class ClusterCache:
     """The informers, the lease probes and the node views; every read is memory only."""
 
-    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...], notify: Notify) -> None:
+    def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...], notify: Notify,
+                 kueue: bool = False) -> None:
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         coordination = client.CoordinationV1Api(api)
         self.clock = OperatorClock()
@@ -98,10 +111,24 @@ class ClusterCache:
         self.nodes = Informer("nodes", core.list_node, transform=_strip_node, handler=self._on_node)
         self.leases = Informer("leases", lambda **kw: coordination.list_namespaced_lease(NODE_LEASE_NAMESPACE, **kw),
                                handler=self._on_lease, on_recover=self._regrace)
+        # Kueue: only when the integration is on and its API is served (handlers.startup checks), so a
+        # cluster without Kueue never lists what does not exist. Workloads: only the operator's (by label).
+        self.kueue = kueue
+        self.workloads: list[Informer] = []
+        self.kueue_cluster: list[Informer] = []
+        if kueue:
+            for ns in namespaces or ("",):
+                self.workloads.append(Informer(f"workloads{':' + ns if ns else ''}", _workload_list(custom, ns),
+                                               label_selector=c.LABEL_JOB, index=_pod_job,
+                                               handler=self._on_workload))
+            self.flavors = Informer("resourceflavors", _kueue_cluster_list(custom, c.RESOURCE_FLAVORS))
+            self.priorities = Informer("workloadpriorityclasses",
+                                       _kueue_cluster_list(custom, c.WORKLOAD_PRIORITY_CLASSES))
+            self.kueue_cluster = [self.flavors, self.priorities]
 
     @property
     def informers(self) -> list[Informer]:
-        return [*self.jobs, *self.pods, self.nodes, self.leases]
+        return [*self.jobs, *self.pods, self.nodes, self.leases, *self.workloads, *self.kueue_cluster]
 
     def start(self) -> None:
         for inf in self.informers:
@@ -123,6 +150,21 @@ class ClusterCache:
 
     def job_pods(self, namespace: str, name: str) -> list[Obj]:
         return [p for inf in self.pods for p in inf.by_index((namespace, name))]
+
+    def job_workloads(self, namespace: str, name: str) -> list[Obj]:
+        """The Workloads labelled for a job (ownership is checked by the caller, by uid)."""
+        return [w for inf in self.workloads for w in inf.by_index((namespace, name))]
+
+    def flavor(self, name: str) -> Obj | None:
+        return self.flavors.get(("", name)) if self.kueue else None
+
+    def priority_class(self, name: str) -> Obj | None:
+        return self.priorities.get(("", name)) if self.kueue else None
+
+    def wrote_workload(self, obj: Obj) -> None:
+        """The Workload our status write returned: later reads see it even before the watch delivers it."""
+        for inf in self.workloads:
+            inf.store_if_newer(obj)
 
     def blind(self) -> bool:
         """The Lease watch is broken: node health cannot be judged now (renewals may be happening unseen)."""
@@ -181,6 +223,15 @@ class ClusterCache:
                 if meta.get("deletionTimestamp"):
                     self._settle(meta.get("namespace", ""), meta["name"], "delete")
         self._notify("pods", etype, old, new)
+
+    def _on_workload(self, etype: str, old: Obj | None, new: Obj | None) -> None:
+        obj = new or old
+        if obj is not None:
+            meta = obj["metadata"]
+            gone = etype == "DELETED" or bool(meta.get("deletionTimestamp"))
+            self._settle(meta.get("namespace", ""), meta["name"],
+                         *(("create-workload", "delete-workload") if gone else ("create-workload",)))
+        self._notify("workloads", etype, old, new)
 
     def _on_node(self, etype: str, old: Obj | None, new: Obj | None) -> None:
         obj = new or old

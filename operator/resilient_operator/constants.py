@@ -29,6 +29,7 @@ RESTARTING = "Restarting"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
 BACKING_OFF = "BackingOff"
 SUSPENDED = "Suspended"
+QUEUED = "Queued"  # Kueue-managed: waiting for (re-)admission of the job's Workload
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
@@ -43,6 +44,7 @@ COND_SUCCEEDED = "Succeeded"
 COND_FAILED = "Failed"
 COND_NODES_REPORTING = "NodesReporting"
 COND_SPEC_VALID = "SpecValid"
+COND_QUEUED = "Queued"  # True while a Kueue-managed job waits for its Workload to be admitted
 
 # Failure kinds and the budgets they spend.
 INFRASTRUCTURE = "Infrastructure"
@@ -86,6 +88,12 @@ REASON_AVOID_NODE = "AvoidingNode"  # a node that broke an attempt is left out o
 REASON_NODE_TAINTED = "TaintedBadNode"  # (opt-in) a node blamed for repeated failures across jobs was tainted
 REASON_DRAIN = "NodeDraining"  # a node of the attempt is cordoned or has a notice taint: planned restart
 REASON_SETTLING = "WaitingForNodes"  # full capacity is seconds away: the launch waits, bounded
+REASON_WAITING_FOR_ADMISSION = "WaitingForAdmission"
+REASON_ADMITTED = "Admitted"
+REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # event reason; the condition carries Kueue's own reason
+REASON_REQUEUED_TO_GROW = "RequeuedToGrow"
+REASON_QUOTA_RELEASED = "QuotaReleased"
+REASON_KUEUE_UNAVAILABLE = "KueueUnavailable"  # the integration is on but Kueue's API is not served
 REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
 # Notice taints of well-known termination handlers, checked against their sources:
@@ -115,3 +123,14 @@ DEFAULT_DRAIN_TAINTS: tuple[str, ...] = (
 GPU_RESOURCE = "nvidia.com/gpu"
 
 HISTORY_LIMIT = 20
+
+# Kueue (https://kueue.sigs.k8s.io): a job labelled with a LocalQueue is held until its Workload is admitted.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+WORKLOADS = "workloads"
+RESOURCE_FLAVORS = "resourceflavors"
+WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
+LABEL_QUEUE_NAME = f"{KUEUE_GROUP}/queue-name"
+LABEL_PRIORITY_CLASS = f"{KUEUE_GROUP}/priority-class"  # a WorkloadPriorityClass name
+WORKER_POD_SET = "workers"

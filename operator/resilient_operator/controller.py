@@ -6,6 +6,7 @@ create (AlreadyExists is fine), then emit events, which therefore never describe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
-from resilient_operator.core.model import OperatorConfig, Progress
+from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -81,6 +82,49 @@ def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
     return out
 
 
+def observe_workload(cache: ClusterCache, job: Job) -> WorkloadView | None:
+    """For a Kueue-managed job, from the caches: its Workload (owned by it, by uid) and the flavors its
+    admission names. A job without a queue name reads nothing."""
+    if not job.queue_name:
+        return None
+    owned = [w for w in cache.job_workloads(job.namespace, job.name)
+             if views.controller_uid(w.get("metadata") or {}) == job.uid]
+    if not owned:
+        return None
+    # The newest live one; one being deleted (replaced by a new admission) only while no other exists.
+    raw = max(owned, key=lambda w: (not w["metadata"].get("deletionTimestamp"),
+                                    str(w["metadata"].get("creationTimestamp") or "")))
+    flavors = {name: f for name in views.workload_flavors(raw) if (f := cache.flavor(name)) is not None}
+    return views.workload_view(raw, flavors)
+
+
+def with_priority(cache: ClusterCache, obj: dict[str, Any], job: Job) -> Job:
+    """The job with the value of the WorkloadPriorityClass its label names (absent class: no priority)."""
+    name = views.priority_class(obj.get("metadata") or {})
+    if not job.queue_name or not name:
+        return job
+    value = (cache.priority_class(name) or {}).get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return job
+    return dataclasses.replace(job, priority=WorkloadPriority(name, value))
+
+
+def apply_workload(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
+    """The Kueue part of a plan: report on or release the observed Workload, replace or create one."""
+    ns = obj["metadata"]["namespace"]
+    if plan.workload_status is not None and plan.workload_ref is not None:
+        cache.wrote_workload(kube.patch_workload_status(ns, *plan.workload_ref, plan.workload_status))
+    if plan.workload_delete and not cache.expected("delete-workload", ns, plan.workload_delete):
+        kube.delete_workload(ns, plan.workload_delete)
+        cache.expect("delete-workload", ns, plan.workload_delete)
+    if plan.workload_create is not None:
+        manifest = plan.workload_create()
+        name = manifest["metadata"]["name"]
+        if not cache.expected("create-workload", ns, name):
+            kube.create_workload(manifest)
+            cache.expect("create-workload", ns, name)
+
+
 def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
     """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet."""
     ns = obj["metadata"]["namespace"]
@@ -105,6 +149,7 @@ def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> N
             raise
     for name in plan.release:
         kube.delete_pdb(ns, name)
+    apply_workload(kube, cache, obj, plan)
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
 
@@ -167,17 +212,23 @@ def taint_bad_nodes(kube: Kube, config: OperatorConfig, nodes: dict[str, NodeVie
 
 
 def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
-                  config: OperatorConfig | None = None) -> tuple[float | None, str | None]:
+                  config: OperatorConfig | None = None, kueue: bool = False) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
         observed = observe(cache, namespace, name)
         if observed is None:
             return None, None
         obj, job, pods, nodes, listing = observed
+        workload = None
+        if not kueue:  # the integration is off: a queue-name label means nothing to the operator
+            job = dataclasses.replace(job, queue_name=None)
+        elif cache.kueue:  # on and served (otherwise the core holds queue-labelled jobs, saying why)
+            job = with_priority(cache, obj, job)
+            workload = observe_workload(cache, job)
         now = cache.clock.now()  # the clock the lease probes were timed with
         reports = read_progress(job, pods) if not listing.error else []  # only under a root discovery accepted
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
-                         config=config or OperatorConfig())
+                         config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue)
         apply(kube, cache, obj, plan)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)

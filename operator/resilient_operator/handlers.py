@@ -2,10 +2,12 @@
 
 kopf is the runtime (start-up, liveness, cleanup); the watches are our informers (cache.py), because a
 cache fed by kopf's watches cannot learn what was deleted while a watch was down. Watched: jobs, their
-pods (by label), nodes, and node Leases. A job is queued when it, one of its pods, or a node hosting its
-pods changes; jobs whose size depends on capacity (waiting, or running below their desired size) are
-also queued when any node changes or a lease is seen renewed. A lease going stale sends no event, so the
-core's `requeue_after` (the lease deadline) brings the job back instead.
+pods (by label), nodes, node Leases and, with the Kueue integration on (RTJ_KUEUE_ENABLED and Kueue's API
+served), the operator's Workloads, ResourceFlavors and WorkloadPriorityClasses. A job is queued when it,
+one of its pods, its Workload, or a node hosting its pods changes; jobs whose size depends on capacity
+(waiting, or running below their desired size) are also queued when any node changes or a lease is seen
+renewed. A lease going stale sends no event, so the core's `requeue_after` (the lease deadline) brings the
+job back instead.
 """
 
 from __future__ import annotations
@@ -74,7 +76,12 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     def notify(resource: str, etype: str, old: Obj | None, new: Obj | None) -> None:
         loop.call_soon_threadsafe(_route, state, resource, etype, old, new)
 
-    state.cache = ClusterCache(state.kube.api, state.settings.namespaces, notify)
+    kueue = state.settings.kueue and await asyncio.to_thread(state.kube.served, c.KUEUE_GROUP, c.KUEUE_VERSION)
+    if state.settings.kueue and not kueue:  # no error loop: queue-labelled jobs wait, saying why
+        log.warning("the Kueue integration is on but %s is not served (Kueue not installed?): jobs labelled %s "
+                    "stay Queued; restart the operator once Kueue is installed", c.KUEUE_API_VERSION,
+                    c.LABEL_QUEUE_NAME)
+    state.cache = ClusterCache(state.kube.api, state.settings.namespaces, notify, kueue=kueue)
     state.cache.start()
     while not await asyncio.to_thread(state.cache.wait_synced, 10):  # workers read only a filled cache
         log.info("waiting for the caches to sync")
@@ -102,7 +109,7 @@ async def _worker(state: State) -> None:
             continue
         try:
             requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, state.cache, *key,
-                                                     state.settings.config)
+                                                     state.settings.config, state.settings.kueue)
             if phase:
                 _note_phase(state, key, phase)
             state.errors.pop(key, None)
@@ -143,6 +150,10 @@ def _route(state: State, resource: str, etype: str, old: Obj | None, new: Obj | 
     elif resource == "leases":  # a renewal is good news for that node; only capacity-bound jobs care
         for key in state.capacity_bound:
             state.queue.add(key)
+    elif resource == "workloads":  # Kueue admitted, evicted or requeued it (ownership is checked by uid later)
+        job = (obj["metadata"].get("labels") or {}).get(c.LABEL_JOB)
+        if isinstance(job, str) and job:
+            state.queue.add((obj["metadata"]["namespace"], job))
 
 
 def _job_event(state: State, etype: str, body: Obj) -> None:

@@ -129,6 +129,47 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    # Kueue (reads come from the caches: cache.py) ---------------------------------------------------
+    def served(self, group: str, version: str) -> bool:
+        """Is group/version served (e.g. Kueue's CRDs installed)? Discovery: no RBAC needed."""
+        try:
+            resources = client.ApisApi(self.api).get_api_versions()
+        except ApiException as exc:
+            log.warning("API discovery failed: %s", exc.reason)
+            return False
+        return any(g.name == group and any(v.version == version for v in g.versions or []) for g in resources.groups)
+
+    def create_workload(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the job's Workload; the object created, or None if it exists already (a replayed create)."""
+        try:
+            return dict(_raw(self.custom.create_namespaced_custom_object(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, manifest["metadata"]["namespace"], c.WORKLOADS, manifest,
+                _preload_content=False)))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return None
+
+    def patch_workload_status(self, namespace: str, name: str, resource_version: str,
+                              status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the Workload's status, guarded by the resourceVersion we decided on (Kueue writes it
+        too); the Workload written."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            return dict(_raw(self.custom.patch_namespaced_custom_object_status(
+                c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, c.WORKLOADS, name, body, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise Conflict(f"workload {namespace}/{name}: {exc.reason}") from None
+            raise
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, c.WORKLOADS, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def emit_event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
         """A core/v1 Event on the job, so `kubectl describe rtj` tells the story."""
         meta = job["metadata"]

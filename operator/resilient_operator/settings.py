@@ -188,6 +188,7 @@ class Settings:
     log_level: str
     config: OperatorConfig = field(default_factory=OperatorConfig)  # what the core's policies read
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    kueue: bool = False  # RTJ_KUEUE_ENABLED: manage jobs labelled kueue.x-k8s.io/queue-name (chart: kueue.enabled)
 
     @classmethod
     def from_environ(cls) -> Settings:
@@ -200,6 +201,7 @@ class Settings:
             log_level=os.environ.get("RTJ_LOG_LEVEL", "INFO"),
             config=operator_config(os.environ),
             discovery=DiscoverySettings.from_environ(),
+            kueue=os.environ.get("RTJ_KUEUE_ENABLED", "").strip().lower() == "true",
         )
 
 

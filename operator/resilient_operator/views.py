@@ -20,6 +20,7 @@ from resilient_contract import environment
 from resilient_operator import constants as c
 from resilient_operator.core import timeutil
 from resilient_operator.core.model import (
+    Admission,
     ElasticPolicy,
     FailurePolicy,
     Job,
@@ -31,6 +32,7 @@ from resilient_operator.core.model import (
     Taint,
     Termination,
     Toleration,
+    WorkloadView,
 )
 
 # One reconcile renders every pod of an attempt from the template; bound what that may cost.
@@ -50,6 +52,7 @@ def job_view(obj: Mapping[str, Any]) -> Job:
         "uid": meta.get("uid", ""),
         "generation": _int(meta.get("generation"), 1),
         "status": dict(status) if isinstance(status, Mapping) else {},
+        "queue_name": queue_name(meta),
     }
     raw = obj.get("spec")
     try:
@@ -298,3 +301,75 @@ def node_view(node: Mapping[str, Any], lease_renewed: datetime | None) -> NodeVi
         allocatable=allocatable,
         labels=dict(meta.get("labels") or {}),
     )
+
+
+# ---- Kueue ------------------------------------------------------------------------------------------
+def _label(meta: Mapping[str, Any], key: str) -> str | None:
+    labels = meta.get("labels")
+    value = labels.get(key) if isinstance(labels, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+def queue_name(meta: Mapping[str, Any]) -> str | None:
+    """The LocalQueue a job asks for (kueue.x-k8s.io/queue-name), or None: not Kueue-managed."""
+    return _label(meta, c.LABEL_QUEUE_NAME)
+
+
+def priority_class(meta: Mapping[str, Any]) -> str | None:
+    """The WorkloadPriorityClass a Kueue-managed job names (kueue.x-k8s.io/priority-class), if any."""
+    return _label(meta, c.LABEL_PRIORITY_CLASS)
+
+
+def workload_view(obj: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any]]) -> WorkloadView:
+    """A Workload (written by Kueue and by us) and the ResourceFlavors its admission names."""
+    meta, spec, status = obj["metadata"], _dict(obj.get("spec")), _dict(obj.get("status"))
+    pod_set = _named(spec.get("podSets"), c.WORKER_POD_SET) or {}
+    admission = None
+    raw = status.get("admission")
+    if isinstance(raw, Mapping):
+        assignment = _named(raw.get("podSetAssignments"), c.WORKER_POD_SET)
+        if assignment is not None:
+            names = {str(k): str(v) for k, v in _dict(assignment.get("flavors")).items()}
+            selector: dict[str, str] = {}
+            tolerations: list[Mapping[str, Any]] = []
+            for flavor in sorted(set(names.values())):
+                fspec = _dict(_dict(flavors.get(flavor)).get("spec"))
+                selector.update({str(k): str(v) for k, v in _dict(fspec.get("nodeLabels")).items()})
+                tolerations += [t for t in _list_of(fspec.get("tolerations")) if isinstance(t, Mapping)]
+            admission = Admission(
+                cluster_queue=str(raw.get("clusterQueue") or ""),
+                count=_int(assignment.get("count"), _int(pod_set.get("count"), 0)),
+                flavors=names, node_selector=selector, tolerations=tuple(tolerations))
+    reclaimable = _int((_named(status.get("reclaimablePods"), c.WORKER_POD_SET) or {}).get("count"), 0)
+    return WorkloadView(
+        name=meta["name"],
+        resource_version=str(meta.get("resourceVersion") or ""),
+        count=_int(pod_set.get("count"), 0),
+        min_count=_int(pod_set.get("minCount")),
+        conditions=tuple(cond for cond in _list_of(status.get("conditions")) if isinstance(cond, Mapping)),
+        admission=admission,
+        reclaimable=reclaimable,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def workload_flavors(obj: Mapping[str, Any]) -> set[str]:
+    """The ResourceFlavors a Workload's admission names (to read their node labels)."""
+    names: set[str] = set()
+    for assignment in _list_of(_dict(_dict(obj.get("status")).get("admission")).get("podSetAssignments")):
+        names.update(str(v) for v in _dict(_dict(assignment).get("flavors")).values())
+    return names
+
+
+# A Workload is written by Kueue, by us, and by anyone allowed to edit it in the job's namespace:
+# every level is checked before it is read.
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list_of(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _named(items: Any, name: str) -> Mapping[str, Any] | None:
+    return next((i for i in _list_of(items) if isinstance(i, Mapping) and i.get("name") == name), None)

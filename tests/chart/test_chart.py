@@ -43,6 +43,15 @@ RBAC_CLUSTER = {
     ("coordination.k8s.io", "leases"): {"get", "list", "watch"},  # node heartbeats (kube-node-lease)
 }
 RBAC = RBAC_NAMESPACED | RBAC_CLUSTER
+# kueue.enabled: the operator's Workloads beside the job rules; Kueue's cluster-scoped flavors and priorities.
+RBAC_KUEUE_NAMESPACED = {
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch", "create", "delete"},  # cache; create; replace
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},  # released, Finished, reclaimablePods, PodsReady
+}
+RBAC_KUEUE_CLUSTER = {
+    ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},  # the admitted flavor's node labels
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): {"list", "watch"},  # the job's priority value
+}
 
 LABEL_KEYS = (
     "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
@@ -176,6 +185,7 @@ def test_every_value_combination_validates(helm: str, tmp_path: Path) -> None:
                           "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
                                            "ports": [{"port": 9000, "protocol": "TCP"}]}]},
         "admissionPolicy": {"enabled": True, "namespaces": ["ml-a"], "validationActions": ["Warn", "Audit"]},
+        "kueue": {"enabled": True},
     }  # fmt: skip
     values["checkpointStorage"]["namespaceAreas"] = {"ml-a": "/mnt/ckpt/teams/a"}
     values["discovery"] = {"timeoutSeconds": 10, "metadataMaxBytes": 67108864, "maxStepDirs": 8,
@@ -312,6 +322,17 @@ def test_node_patch_is_granted_only_with_cluster_wide_bad_node_tainting(helm: st
     assert env["RTJ_BAD_NODE_TAINT"] == "training.resilient.dev/bad-node" and env["RTJ_BAD_NODE_FAILURES"] == "2"
     assert "RTJ_BAD_NODE_TAINT" not in env_of(render(helm, tmp_path))
     assert "aws-node-termination-handler/spot-itn" in env["RTJ_DRAIN_TAINTS"].split(",")
+
+
+def test_kueue_rbac_and_env_only_when_enabled(helm: str, tmp_path: Path) -> None:
+    assert "RTJ_KUEUE_ENABLED" not in env_of(render(helm, tmp_path))  # off by default: the table above
+    docs = render(helm, tmp_path, {"kueue": {"enabled": True}})
+    assert granted(one(docs, "ClusterRole")) == RBAC | RBAC_KUEUE_NAMESPACED | RBAC_KUEUE_CLUSTER
+    assert env_of(docs)["RTJ_KUEUE_ENABLED"] == "true"
+    docs = render(helm, tmp_path, {"kueue": {"enabled": True}, "watchNamespaces": ["ml-a"]})
+    assert granted(one(docs, "ClusterRole")) == RBAC_CLUSTER | RBAC_KUEUE_CLUSTER
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["namespace"] == "ml-a"]
+    assert granted(role) == RBAC_NAMESPACED | RBAC_KUEUE_NAMESPACED
 
 
 def test_rbac_and_service_account_can_be_turned_off(helm: str, tmp_path: Path) -> None:

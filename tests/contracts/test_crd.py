@@ -58,7 +58,7 @@ def test_identity_and_printer_columns() -> None:
 def test_phase_enum_matches_constants() -> None:
     enum = set(schema()["properties"]["status"]["properties"]["phase"]["enum"])
     phases = {c.PENDING, c.STARTING, c.RUNNING, c.RESTARTING, c.WAITING_FOR_CAPACITY, c.BACKING_OFF,
-              c.SUSPENDED, c.SUCCEEDED, c.FAILED}  # fmt: skip
+              c.SUSPENDED, c.QUEUED, c.SUCCEEDED, c.FAILED}  # fmt: skip
     assert enum == phases
 
 
@@ -72,10 +72,12 @@ def status_paths(value: Any, node: dict[str, Any], prefix: str = "status") -> li
     open_ended = node.get("x-kubernetes-preserve-unknown-fields")
     if isinstance(value, dict) and node.get("type") == "object" and not open_ended:
         for key, sub in value.items():
-            if key not in declared(node):
-                missing.append(f"{prefix}.{key}")
-            else:
+            if key in declared(node):
                 missing += status_paths(sub, node["properties"][key], f"{prefix}.{key}")
+            elif isinstance(node.get("additionalProperties"), dict):  # a map, e.g. status.kueue.flavors
+                missing += status_paths(sub, node["additionalProperties"], f"{prefix}.{key}")
+            else:
+                missing.append(f"{prefix}.{key}")
     elif isinstance(value, list) and "items" in node:
         for item in value:
             missing += status_paths(item, node["items"], prefix + "[]")

@@ -111,6 +111,19 @@ Role per namespace when watchNamespaces is set. Every verb is something the oper
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "delete"]
+{{- if .Values.kueue.enabled }}
+# Kueue (kueue.enabled): a job labelled kueue.x-k8s.io/queue-name is represented by a Workload the operator
+# creates and owns: watched (list + watch) for admission and eviction; deleted when it is replaced by a new
+# admission (garbage collection removes it with the job).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "delete"]
+# Its status, as Kueue's job integrations write it: quota released after an eviction, Finished,
+# reclaimablePods (workers given up after a node loss), PodsReady.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
 
 {{/*

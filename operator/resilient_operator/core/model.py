@@ -75,6 +75,8 @@ class Job:
     spec: JobSpec
     status: Mapping[str, Any]
     problem: str | None = None  # the spec cannot be used as is: why, naming the field (spec is then a stand-in)
+    queue_name: str | None = None  # the kueue.x-k8s.io/queue-name label: Kueue admits the job (core/queueing.py)
+    priority: WorkloadPriority | None = None  # the WorkloadPriorityClass its label names, resolved by the shell
 
 
 @dataclass(frozen=True)
@@ -163,3 +165,43 @@ class NodeView:
     lease_renewed: datetime | None
     allocatable: Mapping[str, Decimal]
     labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class WorkloadPriority:
+    """A WorkloadPriorityClass (named by the job's kueue.x-k8s.io/priority-class label) and its value."""
+
+    name: str
+    value: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What Kueue granted the job's pod set: the count and where (the assigned flavors' node labels)."""
+
+    cluster_queue: str
+    count: int
+    flavors: Mapping[str, str]  # resource -> ResourceFlavor
+    node_selector: Mapping[str, str]  # the flavors' nodeLabels, added to every worker
+    tolerations: tuple[Mapping[str, Any], ...]  # the flavors' tolerations, added to every worker
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """The job's Kueue Workload as observed (the one it owns with a controller reference)."""
+
+    name: str
+    resource_version: str
+    count: int  # spec.podSets[workers].count
+    min_count: int | None
+    conditions: tuple[Mapping[str, Any], ...]
+    admission: Admission | None  # set while Kueue holds quota for it
+    reclaimable: int  # status.reclaimablePods[workers].count
+    deleting: bool = False
+
+    def condition(self, ctype: str) -> Mapping[str, Any] | None:
+        return next((cond for cond in self.conditions if cond.get("type") == ctype), None)
+
+    def is_true(self, ctype: str) -> bool:
+        cond = self.condition(ctype)
+        return bool(cond and cond.get("status") == "True")

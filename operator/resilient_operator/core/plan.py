@@ -32,6 +32,12 @@ class Plan:
     release: list[str] = field(default_factory=list)  # PodDisruptionBudgets to delete (404 is fine)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    # Kueue (core/queueing.py): the Workload to create, its status fields to set (guarded by the
+    # resourceVersion observed), or the name of one to delete (replaced by a new admission).
+    workload_create: Render | None = None
+    workload_status: dict[str, Any] | None = None
+    workload_delete: str | None = None
+    workload_ref: tuple[str, str] | None = None  # (name, resourceVersion) of the observed Workload
 
     def manifests(self) -> Iterator[dict[str, Any]]:
         """Render the objects to create, one at a time, in order."""

@@ -7,10 +7,13 @@ The state machine (status.phase):
                   │            ▼
                   └── Restarting | BackingOff | WaitingForCapacity | Suspended ─► Failed (budget)
 
-This module only sequences the policies (health, failures, budgets, capacity, growback, fencing) and
-turns their decisions into status, conditions and events. Everything needed to continue lives in the
-cluster: the attempt number and launch parameters are in status and on the pods (labels, annotations),
-so an operator restarted at any point picks up here.
+A Kueue-managed job (a queue-name label) also waits in `Queued` until its Workload is admitted, and goes
+back there when Kueue evicts it or when growing back needs a new admission (core/queueing.py).
+
+This module only sequences the policies (health, failures, budgets, capacity, growback, drain, goodput,
+queueing, fencing) and turns their decisions into status, conditions and events. Everything needed to
+continue lives in the cluster: the attempt number and launch parameters are in status and on the pods
+(labels, annotations), so an operator restarted at any point picks up here.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from resilient_operator.core import (
     goodput,
     growback,
     health,
+    queueing,
     render,
     settle,
     stragglers,
 )
 from resilient_operator.core.conditions import get_condition, set_condition
-from resilient_operator.core.model import Job, NodeView, OperatorConfig, PodView, Progress
+from resilient_operator.core.model import Job, NodeView, OperatorConfig, Placement, PodView, Progress, WorkloadView
 from resilient_operator.core.plan import Event, Plan
 from resilient_operator.core.timeutil import fmt, parse
 
@@ -74,10 +78,14 @@ class _Ctx:
 
     def __init__(self, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView],
                  listing: Listing, now: datetime, progress: Sequence[Progress] = (),
-                 config: OperatorConfig = DEFAULT_CONFIG) -> None:
+                 config: OperatorConfig = DEFAULT_CONFIG, workload: WorkloadView | None = None,
+                 kueue_ready: bool = True) -> None:
         self.job = job
+        self.kueue_ready = kueue_ready
         self.progress = list(progress)
         self.config = config
+        self.workload = workload
+        self.gate: queueing.Gate | None = None  # set for a Kueue-managed job (job.queue_name)
         self.spec = job.spec
         self.pods = list(pods)
         self.listing = listing
@@ -123,15 +131,34 @@ class _Ctx:
     def bad_nodes(self) -> dict[str, datetime]:
         return badnodes.avoided(self.status, self.now)
 
+    @property
+    def admitted(self) -> queueing.Gate | None:
+        """Kueue's admission when the job is Kueue-managed and admitted; None otherwise."""
+        return self.gate if self.gate and self.gate.action == queueing.RUN else None
+
+    @property
+    def placement(self) -> Placement:
+        """Where workers may run: the template's placement, narrowed to the admitted flavor's nodes."""
+        place = self.spec.placement
+        if (gate := self.admitted) and gate.admission and gate.admission.node_selector:
+            return Placement(place.requests, {**place.node_selector, **gate.admission.node_selector},
+                             place.tolerations)
+        return place
+
 
 def reconcile(
     job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime,
     progress: Sequence[Progress] = (), config: OperatorConfig = DEFAULT_CONFIG,
+    workload: WorkloadView | None = None, kueue_ready: bool = True,
 ) -> Plan:
     """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes, progress
-    the launchers' reports (untrusted; only ever used for accounting and hang attribution)."""
+    the launchers' reports (untrusted; only ever used for accounting and hang attribution); `workload` the
+    job's Kueue Workload (read only when the job has a queue name; `kueue_ready` False: Kueue's API is not
+    served, so such a job waits)."""
     ours = [p for p in pods if p.owner_uid == job.uid]  # ours: by uid, not label
-    ctx = _Ctx(job, ours, node_map, listing, now, progress, config)
+    ctx = _Ctx(job, ours, node_map, listing, now, progress, config, workload, kueue_ready)
+    if workload is not None:
+        ctx.plan.workload_ref = (workload.name, workload.resource_version)
     st = ctx.status
     st["observedGeneration"] = job.generation
     st["desiredReplicas"] = job.spec.replicas
@@ -149,14 +176,97 @@ def reconcile(
             ctx.fence([p for p in ctx.pods if p.phase not in ("Succeeded", "Failed")])
     else:
         ctx.fence([p for p in ctx.pods if p.attempt < ctx.attempt])
+        held = False
         if job.spec.suspend:
             _suspend(ctx)
+        elif job.queue_name and (held := _held_by_kueue(ctx)):
+            pass
         elif ctx.phase in ACTIVE:
             _watch_attempt(ctx)
-        if ctx.phase not in ACTIVE and ctx.phase not in c.TERMINAL_PHASES and not job.spec.suspend:
+        if ctx.phase not in ACTIVE and ctx.phase not in c.TERMINAL_PHASES and not job.spec.suspend and not held:
             _relaunch(ctx)
+    if job.queue_name:
+        _report_to_kueue(ctx)
     _summarise(ctx)
     return ctx.plan
+
+
+def _kueue_status(ctx: _Ctx) -> dict[str, Any]:
+    kq: dict[str, Any] = ctx.status.setdefault("kueue", {})
+    kq["queueName"] = ctx.job.queue_name
+    kq.setdefault("generation", 1)
+    return kq
+
+
+def _held_by_kueue(ctx: _Ctx) -> bool:
+    """Kueue decides whether the job runs: hold it (stopping what runs) until its Workload is admitted."""
+    wl, kq = ctx.workload, _kueue_status(ctx)
+    if not ctx.kueue_ready:
+        pass  # no Workload API to create one in: the gate below holds the job
+    elif wl is None:
+        kq.pop("replace", None)
+        kq["workload"] = queueing.workload_name(ctx.job, kq["generation"])
+        ctx.plan.workload_create = partial(queueing.workload_manifest, ctx.job, kq["workload"])
+    elif not wl.deleting and not kq.get("replace") and not queueing.matches(wl, ctx.job) \
+            and not wl.is_true(queueing.QUOTA_RESERVED):
+        kq["replace"], kq["generation"] = True, kq["generation"] + 1  # the spec changed while queued
+    if wl is not None:
+        kq["workload"] = wl.name
+    gate = queueing.gate(wl) if ctx.kueue_ready else queueing.UNAVAILABLE
+    if kq.get("replace") and ctx.kueue_ready:
+        gate = queueing.Gate(queueing.HOLD, c.REASON_REQUEUED_TO_GROW, "asking Kueue for a new admission at "
+                             f"{ctx.spec.replicas} workers (minimum {ctx.spec.elastic.min_replicas})")
+        if wl is not None and not wl.deleting and not ctx.pods:
+            ctx.plan.workload_delete = wl.name  # only once the gang is gone: its quota is still in use
+    ctx.gate = gate
+    if gate.action == queueing.RUN:
+        assert gate.admission is not None
+        kq.update(admittedReplicas=gate.admission.count, clusterQueue=gate.admission.cluster_queue,
+                  flavors=dict(gate.admission.flavors))
+        if ctx.phase in (c.QUEUED, c.PENDING):
+            ctx.condition(c.COND_QUEUED, False, c.REASON_ADMITTED, gate.message)
+            if ctx.phase == c.QUEUED:
+                ctx.event("Normal", c.REASON_ADMITTED, f"{gate.message}; starting up to {gate.held} workers")
+                if ctx.attempt:  # resumed after an eviction or a re-admission: planned, no budget spent
+                    ctx.status["restarts"]["planned"] = ctx.status["restarts"].get("planned", 0) + 1
+                ctx.set_phase(c.RESTARTING if ctx.attempt else c.PENDING)
+        return False
+    for key in ("admittedReplicas", "clusterQueue", "flavors"):
+        kq.pop(key, None)
+    if ctx.phase != c.QUEUED:
+        if ctx.phase in ACTIVE:  # a stopped gang trains nothing: timed like an interruption (goodput)
+            goodput.open_recovery(ctx.status, c.QUEUED, ctx.now, ctx.now, _reached(ctx))
+            ctx.close_history(gate.reason)
+            ctx.condition(c.COND_RUNNING, False, gate.reason, gate.message)
+        if gate.action == queueing.STOP:
+            ctx.event("Warning", c.REASON_EVICTED_BY_KUEUE, f"{gate.message}; stopping attempt {ctx.attempt} "
+                      "gracefully (the trainer checkpoints on SIGTERM) and waiting in the queue")
+        ctx.set_phase(c.QUEUED)
+    ctx.fence(ctx.pods)  # graceful: SIGTERM, the preemption checkpoint, then the grace period
+    ctx.condition(c.COND_QUEUED, True, gate.reason, gate.message)
+    if gate.action == queueing.STOP and wl is not None and not ctx.pods:
+        ctx.plan.workload_status = queueing.release(wl, gate.reason, gate.message, ctx.ts, ctx.job.generation)
+        ctx.event("Normal", c.REASON_QUOTA_RELEASED, f"all workers stopped; Workload {wl.name} released its quota "
+                  "and is queued again")
+    elif ctx.pods:
+        ctx.plan.look_again(FENCE_RECHECK_SECONDS)
+    return True
+
+
+def _report_to_kueue(ctx: _Ctx) -> None:
+    """Tell Kueue what the job does with its admission: finished, workers given up, pods ready."""
+    wl = ctx.workload
+    if wl is None or wl.deleting or ctx.plan.workload_status is not None:
+        return
+    if ctx.phase in c.TERMINAL_PHASES:
+        message = "the job succeeded" if ctx.phase == c.SUCCEEDED else "the job failed"
+        ctx.plan.workload_status = queueing.finish(wl, ctx.phase == c.SUCCEEDED, message, ctx.ts, ctx.job.generation)
+        return
+    if ctx.admitted is None or wl.admission is None:
+        return
+    running = int(ctx.status.get("replicas") or 0) if ctx.phase in ACTIVE else None
+    ctx.plan.workload_status = queueing.running_status(wl, running, ctx.phase == c.RUNNING, ctx.ts,
+                                                       ctx.job.generation)
 
 
 def _refuse_unusable_spec(ctx: _Ctx) -> bool:
@@ -293,8 +403,8 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
         ctx.plan.create.append(partial(render.pdb_manifest, ctx.job, ctx.attempt, replicas))
     resume = _resume_verdict(ctx.status)
     for rank in missing:
-        ctx.plan.create.append(partial(render.pod_manifest, ctx.job, ctx.attempt, rank, replicas, resume,
-                                       ctx.avoid()))
+        ctx.plan.create.append(_placed(ctx, partial(render.pod_manifest, ctx.job, ctx.attempt, rank, replicas,
+                                                    resume, ctx.avoid())))
     if not missing and all(p.phase == "Running" for p in current):
         ctx.set_phase(c.RUNNING)
         goodput.running(ctx.status, ctx.now)
@@ -302,6 +412,12 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
         ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
         ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
         ctx.event("Normal", c.REASON_ALL_RUNNING, f"attempt {ctx.attempt}: all {replicas} workers running")
+
+
+def _placed(ctx: _Ctx, pod: Any) -> Any:
+    """A pod render with the admitted flavor's node labels and tolerations applied (Kueue-managed jobs)."""
+    gate = ctx.admitted
+    return partial(queueing.place, pod, gate.admission) if gate and gate.admission else pod
 
 
 def _resume_verdict(st: Mapping[str, Any]) -> Verdict | None:
@@ -364,20 +480,28 @@ def _fail(ctx: _Ctx, reason: str, message: str) -> None:
     ctx.event("Warning", reason, message)
 
 
-def _target_replicas(ctx: _Ctx) -> tuple[int | None, int]:
-    """The size the healthy capacity allows (None below the minimum), and that capacity (draining nodes,
-    even ones the template tolerates, hold nothing: they are about to go)."""
-    per_node = capacity.capacity(ctx.health, ctx.spec.placement).per_node
+def _target_replicas(ctx: _Ctx, *, within_admission: bool = True) -> tuple[int | None, int]:
+    """The size the healthy capacity (and Kueue's admission, if any) allows (None below the minimum), and
+    that capacity (draining nodes, even ones the template tolerates, hold nothing: they are about to go)."""
+    per_node = capacity.capacity(ctx.health, ctx.placement).per_node
     skip = set(ctx.draining) | set(ctx.bad_nodes())
     cap = sum(n for name, n in per_node.items() if name not in skip)
-    return capacity.choose_replicas(ctx.spec.replicas, ctx.spec.elastic, cap), cap
+    desired = _desired(ctx) if within_admission else ctx.spec.replicas
+    return capacity.choose_replicas(desired, ctx.spec.elastic, cap), cap
+
+
+def _desired(ctx: _Ctx) -> int:
+    """spec.replicas, or for an admitted Kueue-managed job the workers its admission still holds."""
+    gate = ctx.admitted
+    return min(ctx.spec.replicas, gate.held) if gate else ctx.spec.replicas
 
 
 def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
     st = ctx.status
     replicas = int(st.get("replicas") or 0)
     latest = (st.get("latestCheckpoint") or {}).get("step", -1)
-    decision = growback.decide(replicas, _target_replicas(ctx)[0], latest, st.get("growBack"))
+    decision = growback.decide(replicas, _target_replicas(ctx, within_admission=False)[0], latest,
+                               st.get("growBack"))
     if decision.action == growback.NONE:
         st.pop("growBack", None)
     elif decision.action == growback.NOTICE:
@@ -386,6 +510,8 @@ def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
                   f"{replicas} at the next complete checkpoint")
     elif decision.action == growback.WAIT:
         st["growBack"]["replicas"] = decision.target
+    elif (gate := ctx.admitted) and decision.target is not None and decision.target > gate.held:
+        _requeue_to_grow(ctx, current, replicas, decision.target, latest)
     else:
         message = f"growing {replicas} -> {decision.target} workers from {step_dir_name(latest)}"
         st.pop("growBack", None)
@@ -396,6 +522,24 @@ def _consider_grow_back(ctx: _Ctx, current: Sequence[PodView]) -> None:
         ctx.set_phase(c.RESTARTING)
         ctx.condition(c.COND_RECOVERING, True, c.REASON_GROW_BACK, message)
         ctx.event("Normal", c.REASON_GROW_BACK, message)
+
+
+def _requeue_to_grow(ctx: _Ctx, current: Sequence[PodView], replicas: int, target: int, latest: int) -> None:
+    """Growing past the quota Kueue holds for the job needs a new admission: stop at this checkpoint and
+    replace the Workload by one asking for spec.replicas again (Kueue may grant fewer, or make it wait)."""
+    st = ctx.status
+    message = (f"capacity for {target} workers is back but Kueue holds quota for {replicas}; stopping at "
+               f"{step_dir_name(latest)} and asking for a new admission")
+    st.pop("growBack", None)
+    kq = _kueue_status(ctx)
+    kq["replace"], kq["generation"] = True, kq["generation"] + 1
+    goodput.open_recovery(st, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
+    ctx.close_history(c.REASON_REQUEUED_TO_GROW)
+    ctx.fence(current)
+    ctx.set_phase(c.QUEUED)
+    ctx.condition(c.COND_RUNNING, False, c.REASON_REQUEUED_TO_GROW, message)
+    ctx.condition(c.COND_QUEUED, True, c.REASON_REQUEUED_TO_GROW, message)
+    ctx.event("Normal", c.REASON_REQUEUED_TO_GROW, message)
 
 
 def _relaunch(ctx: _Ctx) -> None:
@@ -417,7 +561,7 @@ def _relaunch(ctx: _Ctx) -> None:
             ctx.plan.look_again((retry - ctx.now).total_seconds())
             return
     if ctx.phase == c.RESTARTING:
-        silent = capacity.quiet(ctx.health, capacity.capacity(ctx.health, spec.placement))
+        silent = capacity.quiet(ctx.health, capacity.capacity(ctx.health, ctx.placement))
         if silent:  # a node that went quiet with the lost one may be about to follow it: restart once
             ctx.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
             return
@@ -466,8 +610,8 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
     if attempt > 1:  # the previous attempt's pods are gone: its budget has nothing left to protect
         ctx.plan.release.append(drain.pdb_name(ctx.job.name, attempt - 1))
     for rank in range(replicas):
-        ctx.plan.create.append(partial(render.pod_manifest, ctx.job, attempt, rank, replicas, resume,
-                                       ctx.avoid()))
+        ctx.plan.create.append(_placed(ctx, partial(render.pod_manifest, ctx.job, attempt, rank, replicas, resume,
+                                                    ctx.avoid())))
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         ctx.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({spec.replicas} desired) {source}")
@@ -493,7 +637,7 @@ def _summarise(ctx: _Ctx) -> None:
 def _settle(ctx: _Ctx) -> bool:
     """Full capacity is seconds away (a node Ready again, its lifecycle taint about to go): wait, bounded."""
     st, spec = ctx.status, ctx.spec
-    wait = settle.decide(ctx.health, spec.placement, spec.replicas, spec.elastic, ctx.now,
+    wait = settle.decide(ctx.health, ctx.placement, _desired(ctx), spec.elastic, ctx.now,
                          ctx.config.settle_seconds, parse(st.get("settlingSince")))
     if wait is None:
         st.pop("settlingSince", None)
