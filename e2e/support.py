@@ -115,10 +115,8 @@ def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
     for node in NODES:  # leave every node alive for the next test
         if cluster.nodes[node].killed:
             cluster.restore_node(node)
-    # Pods of a deleted namespace go with it, but after an API-server restart the controller-manager's
-    # namespace controller can take a minute to act (seen in CI: 60 s): remove them at once (nothing can
-    # be created in a terminating namespace any more), and wait so the next test sees all capacity.
-    cluster.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", "--wait=false", check=False)
+    # Pods of a deleted namespace go with it; wait so the next test sees all capacity. After an API-server
+    # restart the controller-manager's namespace controller can take a minute to act (seen in CI: 60 s).
     wait_for(lambda: not [p for p in core(cluster).list_pod_for_all_namespaces(
         label_selector=c.LABEL_JOB).items if p.metadata.namespace == ns], 180, f"pods of {ns} gone")  # fmt: skip
 
