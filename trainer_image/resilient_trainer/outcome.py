@@ -12,7 +12,9 @@ with no `$RTJ_TERMINATION_LOG` nothing is written; a write error is a warning, n
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -45,5 +47,11 @@ def record_success(ctx: DistContext, *, step: int, checkpoint_root: str | None =
 
 
 def record_preempted(ctx: DistContext, *, step: int, checkpoint: str, **fields: object) -> None:
-    """Call after the blocking save that SIGTERM asked for; then exit (143 is what the launcher uses)."""
+    """Call after the blocking save that SIGTERM asked for; then exit (143 is what the launcher uses).
+
+    Further SIGTERMs are ignored from here on: the save is done, and CPython restores the default action of
+    Python-handled signals while it shuts down, so a late SIGTERM (this rank's own, after a peer's stopped the
+    gang) would turn the exit 143 into death by signal."""
     _write(ctx, completion.PREEMPTED, step=step, checkpoint=checkpoint, world_size=ctx.world_size, **fields)
+    with contextlib.suppress(ValueError):  # signal.signal works on the main thread only
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
