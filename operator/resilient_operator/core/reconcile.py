@@ -533,13 +533,7 @@ def _requeue_to_grow(ctx: _Ctx, current: Sequence[PodView], replicas: int, targe
     st.pop("growBack", None)
     kq = _kueue_status(ctx)
     kq["replace"], kq["generation"] = True, kq["generation"] + 1
-    goodput.open_recovery(st, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
-    ctx.close_history(c.REASON_REQUEUED_TO_GROW)
-    ctx.fence(current)
-    ctx.set_phase(c.QUEUED)
-    ctx.condition(c.COND_RUNNING, False, c.REASON_REQUEUED_TO_GROW, message)
-    ctx.condition(c.COND_QUEUED, True, c.REASON_REQUEUED_TO_GROW, message)
-    ctx.event("Normal", c.REASON_REQUEUED_TO_GROW, message)
+    _stop_planned(ctx, current, c.REASON_REQUEUED_TO_GROW, c.QUEUED, c.COND_QUEUED, message)
 
 
 def _relaunch(ctx: _Ctx) -> None:
@@ -693,13 +687,20 @@ def _drain(ctx: _Ctx, current: Sequence[PodView], notices: Sequence[drain.Notice
     st["restarts"]["planned"] = st["restarts"].get("planned", 0) + 1
     st["lastDrain"] = {"nodes": [n.node for n in notices], "reason": notices[0].why, "attempt": ctx.attempt,
                        "time": ctx.ts}
-    goodput.open_recovery(st, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
-    ctx.close_history(c.REASON_DRAIN)
+    _stop_planned(ctx, current, c.REASON_DRAIN, c.RESTARTING, c.COND_RECOVERING, message)
+
+
+def _stop_planned(ctx: _Ctx, current: Sequence[PodView], reason: str, phase: str, condition: str,
+                  message: str) -> None:
+    """A stop the job did not fail into (a drain, a requeue to grow): the lost time is planned, the attempt
+    closes with `reason`, its pods are fenced gracefully, and `condition` says what happens next."""
+    goodput.open_recovery(ctx.status, c.PLANNED, ctx.now, ctx.now, _reached(ctx))
+    ctx.close_history(reason)
     ctx.fence(current)
-    ctx.set_phase(c.RESTARTING)
-    ctx.condition(c.COND_RUNNING, False, c.REASON_DRAIN, message)
-    ctx.condition(c.COND_RECOVERING, True, c.REASON_DRAIN, message)
-    ctx.event("Normal", c.REASON_DRAIN, message)
+    ctx.set_phase(phase)
+    ctx.condition(c.COND_RUNNING, False, reason, message)
+    ctx.condition(condition, True, reason, message)
+    ctx.event("Normal", reason, message)
 
 
 def _blame(ctx: _Ctx, failure: failures.Failure) -> None:
