@@ -38,6 +38,14 @@ KWOK_LABEL = {"type": "kwok"}
 LEASE_SECONDS = 40  # a kubelet's default; renewed every 10 s
 # A real cluster's node-monitor-grace-period (50 s since 1.32; 40 s before): longer than a renew interval.
 NODE_MONITOR_GRACE = "40s"
+# KWOK plays every pod's stages (ready, delete) through one pool of 4 workers by default: at hundreds of
+# pods that pool, not the control plane, paced a recovery (pods deleted or made Running up to 9 s after
+# the operator asked, measured from the audit log). Real kubelets work in parallel, one per node, so the
+# simulation gets as many workers as a small rack of kubelets would bring.
+KWOK_OPTIONS = {
+    "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+    "options": {"podPlayStageParallelism": 32, "nodePlayStageParallelism": 8, "nodeLeaseParallelism": 8},
+}
 
 # apiserver_request_total has no user label, so the operator's own requests are counted from the audit
 # log: one Metadata-level entry per request made by a ServiceAccount of the operator's namespace.
@@ -68,6 +76,8 @@ class KwokCluster:
         policy_dir = Path(tempfile.mkdtemp(prefix="rtj-audit-"))
         policy, audit_log = policy_dir / "policy.json", policy_dir / "audit.log"
         policy.write_text(json.dumps(AUDIT_POLICY))
+        options = policy_dir / "kwok-options.yaml"  # JSON is YAML
+        options.write_text(json.dumps(KWOK_OPTIONS))
         cl = Cluster.start(name, node_monitor_grace_period=NODE_MONITOR_GRACE, extra_apiserver_args=(
             f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}", "--audit-log-maxsize=1000"),
             **cluster_args)
@@ -76,7 +86,7 @@ class KwokCluster:
             with log.open("ab") as out:
                 proc = subprocess.Popen(
                     [str(binary), f"--kubeconfig={cl.kubeconfig}", f"--config={binary.parent / 'stages.yaml'}",
-                     f"--manage-nodes-with-annotation-selector={MANAGED}=fake",
+                     f"--config={options}", f"--manage-nodes-with-annotation-selector={MANAGED}=fake",
                      f"--node-lease-duration-seconds={LEASE_SECONDS}", "--cidr=10.240.0.0/12",
                      "--node-ip=10.239.0.1", "--v=WARN"],  # its per-object INFO lines cost a core at scale
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,6 +24,7 @@ from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
+from resilient_operator.core.plan import Render
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -128,30 +132,72 @@ def apply_workload(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: P
 def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
     """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet."""
     ns = obj["metadata"]["namespace"]
-    for name in plan.force_delete:
-        if not cache.expected("force-delete", ns, name):
-            kube.delete_pod(ns, name, force=True)
-            cache.expect("force-delete", ns, name)
-    for name in plan.delete:
-        if not (cache.expected("delete", ns, name) or cache.expected("force-delete", ns, name)):
-            kube.delete_pod(ns, name, force=False)
-            cache.expect("delete", ns, name)
+
+    def force_delete(name: str) -> None:
+        kube.delete_pod(ns, name, force=True)
+        cache.expect("force-delete", ns, name)
+
+    def delete(name: str) -> None:
+        kube.delete_pod(ns, name, force=False)
+        cache.expect("delete", ns, name)
+
+    fan_out([partial(force_delete, name) for name in plan.force_delete
+             if not cache.expected("force-delete", ns, name)])
+    fan_out([partial(delete, name) for name in plan.delete
+             if not (cache.expected("delete", ns, name) or cache.expected("force-delete", ns, name))])
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
         cache.wrote_job(kube.write_status(obj, patch))
-    for manifest in plan.manifests():  # rendered one at a time
-        try:
-            _create(kube, cache, manifest)
-        except ApiException as exc:
-            if exc.status and 400 <= exc.status < 500:  # admission, quota, an invalid template: say so
-                what = f"{manifest['kind']} {manifest['metadata']['name']}"
-                kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, f"cannot create {what}: {_api_message(exc)}")
-            raise
+    try:
+        fan_out([partial(_render_and_create, kube, cache, render) for render in plan.create])
+    except _Rejected as exc:  # admission, quota, an invalid template: say so, once per reconcile
+        message = f"cannot create {exc.what}: {_api_message(exc.error)}"
+        kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, message)
+        raise exc.error from None
     for name in plan.release:
         kube.delete_pdb(ns, name)
     apply_workload(kube, cache, obj, plan)
     for event in plan.events:
         kube.emit_event(obj, event.type, event.reason, event.message)
+
+
+# A gang's pod writes go out together, not one after another: at hundreds of pods the sequential calls
+# (8 deletes, then 8 creates, each a round trip to a busy API server) held every worker for seconds and
+# delayed the last hit job's relaunch by as much. One pool for all workers bounds the requests in flight
+# and the manifests rendered at once (each is rendered by the thread that creates it).
+FAN_OUT = 16
+_pool = ThreadPoolExecutor(max_workers=FAN_OUT, thread_name_prefix="writes")
+
+
+def fan_out(calls: list[Callable[[], None]]) -> None:
+    """Run the calls concurrently; every call runs, then the first failure (in call order) is raised."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    futures = [_pool.submit(call) for call in calls]
+    wait(futures)
+    for future in futures:
+        if (error := future.exception()) is not None:
+            raise error
+
+
+class _Rejected(Exception):
+    """A create the API server refused as a client error (4xx): reported once, then re-raised."""
+
+    def __init__(self, what: str, error: ApiException) -> None:
+        super().__init__(what)
+        self.what, self.error = what, error
+
+
+def _render_and_create(kube: Kube, cache: ClusterCache, render: Render) -> None:
+    manifest = render()
+    try:
+        _create(kube, cache, manifest)
+    except ApiException as exc:
+        if exc.status and 400 <= exc.status < 500:
+            raise _Rejected(f"{manifest['kind']} {manifest['metadata']['name']}", exc) from exc
+        raise
 
 
 def _create(kube: Kube, cache: ClusterCache, manifest: dict[str, Any]) -> None:

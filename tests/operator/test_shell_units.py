@@ -1,12 +1,19 @@
-"""The shell's own logic that needs no cluster: status patches and the work queue."""
+"""The shell's own logic that needs no cluster: status patches, the work queue, concurrent writes."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
+from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from resilient_operator.controller import merge_patch
+from resilient_operator.cache import ClusterCache
+from resilient_operator.controller import apply, fan_out, merge_patch
+from resilient_operator.core import Plan
 from resilient_operator.workqueue import WorkQueue
 
 
@@ -92,3 +99,47 @@ def test_operator_config_from_the_charts_environment() -> None:
     assert cfg.drain_taints == {"a/b", "c"} and cfg.settle_seconds == 5 and cfg.bad_node_taint == "k/bad"
     assert cfg.bad_node_failures == 2 and cfg.bad_node_max_fraction == 0.25
     assert operator_config({"RTJ_DRAIN_TAINTS": ""}).drain_taints == frozenset()  # cordon only
+
+
+def test_fan_out_runs_every_call_at_once_and_raises_the_first_failure() -> None:
+    """A gang's pod writes overlap (8 calls meet at one barrier); a failure never skips the others."""
+    barrier = threading.Barrier(8, timeout=10)
+    ran: list[int] = []
+
+    def call(i: int) -> None:
+        barrier.wait()  # only passes when all 8 are in flight together
+        ran.append(i)
+        if i in (3, 5):
+            raise ValueError(f"call {i}")
+
+    with pytest.raises(ValueError, match="call 3"):
+        fan_out([functools.partial(call, i) for i in range(8)])
+    assert sorted(ran) == list(range(8))
+
+
+class _RefusingKube:
+    """The API server's side of a template that admission refuses: every pod create is a 422."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.events: list[tuple[str, str]] = []
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        self.created.append(manifest["metadata"]["name"])
+        raise ApiException(status=422, reason="Unprocessable Entity")
+
+    def emit_event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        self.events.append((reason, message))
+
+
+def test_a_refused_gang_is_reported_once_and_every_pod_was_tried() -> None:
+    kube = _RefusingKube()
+    cache = ClusterCache(client.ApiClient(), ("team",), notify=lambda *_: None)
+    pods = [functools.partial(lambda i: {"kind": "Pod", "metadata": {"namespace": "team", "name": f"j-a1-{i}"}}, i)
+            for i in range(4)]
+    job = {"metadata": {"namespace": "team", "name": "j"}, "status": {}}
+    with pytest.raises(ApiException):
+        apply(kube, cache, job, Plan(status={}, create=pods))  # type: ignore[arg-type]
+    assert sorted(kube.created) == [f"j-a1-{i}" for i in range(4)]
+    assert [reason for reason, _ in kube.events] == ["CreateRejected"]
+    assert kube.events[0][1].startswith("cannot create Pod j-a1-")
