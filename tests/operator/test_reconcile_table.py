@@ -439,7 +439,13 @@ def test_a_fenced_gang_seen_saving_is_told_once_and_kept_in_history() -> None:
     assert not [e for e in again.events if e.reason == c.REASON_FENCED_WRITER]
     assert fencing.lineage_starts(plan.status) == [(1, None), (2, 20)]
 
-def test_drain_relaunch_avoids_the_draining_node_and_releases_the_old_budget() -> None:
+def avoided(pod: dict[str, Any]) -> set[str]:
+    terms = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {"nodeSelectorTerms": []}
+    return {v for t in terms["nodeSelectorTerms"] for r in t.get("matchFields", []) for v in r["values"]}
+
+
+def test_drain_relaunch_releases_the_old_budget_and_leaves_the_cordoned_node_to_the_scheduler() -> None:
     j = job(running_status(phase=c.RESTARTING))
     plan = reconcile(j, [], nodes_with(4, n2=dict(unschedulable=True)), listing(57), NOW)
     manifests = list(plan.manifests())
@@ -447,10 +453,38 @@ def test_drain_relaunch_avoids_the_draining_node_and_releases_the_old_budget() -
     assert pdb["metadata"]["name"] == "demo-a2" and pdb["spec"]["maxUnavailable"] == 0
     assert pdb["spec"]["selector"]["matchLabels"][c.LABEL_ATTEMPT] == "2"
     assert plan.release == ["demo-a1"]
-    for p in (m for m in manifests if m["kind"] == "Pod"):
-        terms = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert {"key": "metadata.name", "operator": "NotIn", "values": ["n2"]} in terms["nodeSelectorTerms"][0][
-            "matchFields"]
+    pods = [m for m in manifests if m["kind"] == "Pod"]
+    assert pods and all(avoided(p) == set() for p in pods)  # the scheduler never places on a cordoned node
+
+
+TOLERATE_ALL = {"spec": {"tolerations": [{"operator": "Exists"}], "containers": [
+    {"name": "trainer", "image": "trainer:1", "resources": {"limits": {c.GPU_RESOURCE: "8"}}}]}}
+
+
+@pytest.mark.parametrize(
+    ("name", "template", "changes", "expected"),
+    [
+        ("cordoned, not tolerated: the scheduler skips it", None, {"n2": dict(unschedulable=True)}, set()),
+        ("cordoned, but the template tolerates everything", TOLERATE_ALL, {"n2": dict(unschedulable=True)}, {"n2"}),
+        ("lost, Kubernetes still calls it Ready", None, {"n3": dict(lease_age=25.0)}, {"n3"}),
+        ("lost and tainted unreachable: the scheduler skips it", None,
+         {"n3": dict(lease_age=60.0, ready="Unknown", since=timedelta(seconds=50),
+                     taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}])}, set()),
+        ("lost and tainted unreachable, tolerated by the template", TOLERATE_ALL,
+         {"n3": dict(lease_age=60.0, ready="Unknown", since=timedelta(seconds=50),
+                     taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}])}, {"n3"}),
+        ("lost, and too small for a worker anyway", None, {"n3": dict(lease_age=25.0, gpus=4)}, set()),
+    ],
+)
+def test_only_nodes_the_scheduler_could_still_pick_get_an_avoid_rule(
+    name: str, template: dict[str, Any] | None, changes: dict[str, dict[str, Any]], expected: set[str]
+) -> None:
+    """Each rule is copied into every pod: a rack lost for good must not put hundreds into each one."""
+    spec = {"template": template} if template else {}
+    plan = reconcile(job(running_status(phase=c.RESTARTING), **spec), [], nodes_with(5, **changes), listing(57), NOW)
+    pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
+    assert pods, name
+    assert all(avoided(p) == expected for p in pods), name
 
 
 def test_finished_jobs_release_their_budget() -> None:

@@ -14,6 +14,8 @@ from decimal import Decimal
 from resilient_operator.core.health import Health
 from resilient_operator.core.model import ElasticPolicy, NodeView, Placement, Toleration
 
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
 
 def _tolerated(taint_key: str, taint_effect: str, tolerations: Iterable[Toleration]) -> bool:
     for tol in tolerations:
@@ -48,6 +50,15 @@ class Capacity:
     @property
     def total(self) -> int:
         return sum(self.per_node.values())
+
+
+def placeable(node: NodeView | None, placement: Placement) -> bool:
+    """The scheduler could put one of these workers on this node (it exists, is not cordoned, matches the
+    selector, tolerates its NoSchedule/NoExecute taints and has room), whether or not it is healthy."""
+    if node is None or slots(node, placement) == 0:
+        return False
+    # a cordon is the scheduler's taint node.kubernetes.io/unschedulable:NoSchedule, which a pod may tolerate
+    return not node.unschedulable or _tolerated(UNSCHEDULABLE_TAINT, "NoSchedule", placement.tolerations)
 
 
 def capacity(health: Health, placement: Placement) -> Capacity:

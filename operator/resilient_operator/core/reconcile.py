@@ -125,8 +125,13 @@ class _Ctx:
         fencing.close_entry(self.status, self.attempt, reason, self.ts)
 
     def avoid(self) -> list[str]:
-        """Nodes a new pod must not land on: lost ones (Kubernetes may still call them Ready), draining ones."""
-        return sorted(set(self.health.lost_names) | set(self.draining) | set(self.bad_nodes()))
+        """Nodes a new pod must not land on that the scheduler could still pick: lost ones (Kubernetes may
+        still call them Ready), draining ones, this job's bad ones. A node the scheduler already skips for
+        this template (cordoned, or the unreachable taint once the node-lifecycle controller adds it) needs
+        no rule: each rule is copied into every pod, and a rack lost for good would otherwise put hundreds
+        into every pod the operator creates, in its memory, the API server's and the scheduler's."""
+        names = set(self.health.lost_names) | set(self.draining) | set(self.bad_nodes())
+        return sorted(n for n in names if capacity.placeable(self.health.nodes.get(n), self.placement))
 
     def bad_nodes(self) -> dict[str, datetime]:
         return badnodes.avoided(self.status, self.now)
