@@ -19,6 +19,9 @@ mode="${1:-build}"
 if [[ "$mode" != "--print-dir" ]]; then
   bash "$HERE/build.sh" >/dev/null
   [[ -x "$BUSYBOX" ]] || { echo "missing $BUSYBOX: apt-get install busybox-static" >&2; exit 1; }
+  if ldd "$BUSYBOX" >/dev/null 2>&1; then
+    echo "$BUSYBOX is dynamically linked (Debian's busybox); a FROM scratch image needs busybox-static" >&2; exit 1
+  fi
 fi
 KEY="$(hash_of "$HERE/images.sh" "$BIN/pause" "$BUSYBOX" 2>/dev/null || echo none)"
 OUT="${CACHE}/images/realnodes-${KEY}"
