@@ -107,3 +107,20 @@ def remove(rel: str) -> None:
 def leftovers(cluster_netns: str) -> list[str]:
     """Cgroup directories of this cluster that still exist (for the tests' clean-teardown check)."""
     return [str(h / PREFIX / cluster_netns) for h in hierarchies() if (h / PREFIX / cluster_netns).exists()]
+
+
+def cleanup_stale(live_netns: list[str]) -> list[str]:
+    """Kill and remove the node cgroups of clusters whose network namespace is gone (a SIGKILLed run)."""
+    removed = []
+    base = CGROUP_FS / "freezer" / PREFIX
+    for cluster in sorted(base.iterdir()) if base.exists() else []:
+        if cluster.is_dir() and cluster.name not in live_netns:
+            for node in [n for n in cluster.iterdir() if n.is_dir()]:
+                rel = f"/{PREFIX}/{cluster.name}/{node.name}"
+                kill_all(rel)
+                with contextlib.suppress(TimeoutError):
+                    wait_empty(rel, timeout=10)
+                remove(rel)
+            remove(f"/{PREFIX}/{cluster.name}")
+            removed.append(cluster.name)
+    return removed

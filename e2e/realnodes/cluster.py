@@ -4,7 +4,7 @@
 `ClusterLike` interface) whose nodes are real: per node a containerd (own root, state and socket) and a
 kubelet (client cert from the cluster CA, cgroupfs under a cgroup root of its own), both in the
 cluster's network namespace and in a mount namespace of the node's own. That mount namespace is the
-node's "machine": /var/lib, /var/log and /run/netns are the node's directories, and the global sysctls
+node's "machine": /var/lib and /var/log are the node's directories, /run a tmpfs of its own, and the global sysctls
 the kubelet would set are files with the values it wants (config.KUBELET_SYSCTLS), so nothing the node
 does lands on the host. When every process of a node dies, its mounts (overlay rootfs, volumes, netns
 pins) go with that namespace, which is what makes `kill_node` a machine's death and teardown clean.
@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,17 +25,21 @@ from typing import Any
 
 from e2e.cluster import wait_for
 from e2e.localcluster import network
+from e2e.localcluster.binaries import REPO_ROOT
 from e2e.localcluster.cluster import Cluster, _in_cluster
 
 from . import cgroups, config
 from .binaries import ensure_images, ensure_node_binaries, image_refs
 
 # The node's mount namespace, then containerd: $1 = node dir. Every later process of the node enters it.
+# /run is a fresh tmpfs, as after a boot: containerd's shim sockets and runc's state (fixed under
+# /run/containerd) and the pods' netns pins (/run/netns) live and die with the node.
 NODE_INIT = r"""set -eu
 N="$1"; shift
 mount --bind "$N/machine/var-lib" /var/lib
 mount --bind "$N/machine/var-log" /var/log
-mount --bind "$N/machine/netns" /run/netns
+mount -t tmpfs -o mode=0755,size=64m rtj-node-run /run
+mkdir -p /run/netns /run/containerd
 for f in $(cd "$N/machine/sysctl" && find . -type f); do
   mount --bind "$N/machine/sysctl/$f" "/proc/sys/$f"
 done
@@ -78,6 +83,7 @@ class RealCluster(Cluster):
     def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:  # type: ignore[override]
         """Build/reuse the node binaries and images, start the control plane, then CoreDNS and kube-proxy."""
         node_bin, image_dir = ensure_node_binaries(), ensure_images()
+        cgroups.cleanup_stale(network.list_netns())
         cluster = super().start(name, **kwargs)
         assert isinstance(cluster, RealCluster)
         cluster.node_bin_dir, cluster.image_dir = node_bin, image_dir
@@ -89,6 +95,15 @@ class RealCluster(Cluster):
             cluster.stop()
             raise
         return cluster
+
+    def _start_watchdog(self) -> None:
+        # As the local backend's, but its `down` also kills the nodes (by cgroup: shims and containers too).
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read(); "
+             "from e2e.realnodes.cluster import down; down(sys.argv[1])", str(self.dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=(self.dir / "watchdog.log").open("ab"),
+            start_new_session=True, cwd=REPO_ROOT, env=env)
 
     @property
     def dns_address(self) -> str:
@@ -150,7 +165,7 @@ class RealCluster(Cluster):
             raise ValueError(f"node {name} exists")
         index = len(self.real_nodes) + 1
         ndir = self.dir / "nodes" / name
-        for sub in ("machine/var-lib", "machine/var-log", "machine/netns", "cni", "containerd"):
+        for sub in ("machine/var-lib", "machine/var-log", "cni", "containerd"):
             (ndir / sub).mkdir(parents=True, exist_ok=True)
         address = network.add_node_address(self.netns, index, self.subnet)
         node = RealNode(name=name, index=index, address=address, dir=ndir,

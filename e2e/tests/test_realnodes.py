@@ -60,6 +60,9 @@ def host_state() -> dict[str, Any]:
                      if not line.startswith(("#", ":"))],
         "nft": re.sub(r"packets \d+ bytes \d+", "", _run("nft", "list", "ruleset")),  # counters move
         "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/rtj/*")),
+        # What a kubelet or containerd would leave at their default paths (the node's mount namespace hides them).
+        "files": sorted(str(p) for d in ("/run", "/var/lib", "/var/log", "/etc") for p in Path(d).iterdir()
+                        if p.name in ("containerd", "cni", "kubelet", "pods", "containers", "kubernetes")),
     }
 
 
