@@ -21,18 +21,41 @@ from typing import Any
 import pytest
 
 from e2e.cluster import wait_for
+from e2e.realnodes import RealCluster
+from e2e.realnodes import config as rn_config
 
-if os.geteuid() == 0:
-    from e2e.realnodes import RealCluster
-    from e2e.realnodes import config as rn_config
-
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (namespaces, cgroups, containerd)"),
-]
+pytestmark = [pytest.mark.timeout(240)]
+# Every test below the config tables runs on the module's cluster.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (namespaces, cgroups, containerd)")
 REAL_NODES = True  # e2e/localcluster/pytest_plugin.py builds the node binaries and images at collection
 NS = "rn"
+
+
+@pytest.mark.parametrize(("index", "cidr", "bridge"),
+                         [(1, "10.244.1.0/24", "cni1"), (250, "10.244.250.0/24", "cni250")])
+def test_each_node_has_its_own_pod_cidr_and_bridge(index: int, cidr: str, bridge: str) -> None:
+    conf = rn_config.cni_conflist(index, Path("/ipam"))["plugins"][0]
+    assert (rn_config.pod_cidr(index), conf["bridge"], conf["ipam"]["ranges"][0][0]["subnet"]) == (cidr, bridge, cidr)
+    assert conf["ipam"]["ranges"][0][0]["gateway"] == cidr.replace(".0/24", ".1")
+    assert conf["ipMasq"] is False  # nothing outside the cluster's namespace to masquerade to
+
+
+@pytest.mark.parametrize("index", [0, 251])
+def test_node_index_outside_the_pod_supernet_is_refused(index: int) -> None:
+    with pytest.raises(ValueError):
+        rn_config.pod_cidr(index)
+
+
+def test_kubelet_config_never_touches_the_hosts_globals() -> None:
+    cfg = rn_config.kubelet_config(address="10.100.1.1", cgroup_root="/rtj/x/n1", runtime_socket=Path("/n/c.sock"),
+                                   ca_crt=Path("/ca"), serving_crt=Path("/s.crt"), serving_key=Path("/s.key"),
+                                   cluster_dns="10.100.0.1", max_pods=10)
+    assert (cfg["makeIPTablesUtilChains"], cfg["protectKernelDefaults"]) == (False, False)
+    assert cfg["cgroupDriver"] == "cgroupfs" and cfg["failCgroupV1"] is False
+    assert cfg["cgroupRoot"] == "/rtj/x/n1" and cfg["clusterDNS"] == ["10.100.0.1"]
+    proxy = rn_config.kube_proxy_config(Path("/kc"), "10.100.0.1")
+    assert proxy["conntrack"]["maxPerCore"] == 0 and proxy["conntrack"]["tcpEstablishedTimeout"] == "0s"
+    assert 'restrict_oom_score_adj = true' in rn_config.containerd_config(Path("/n"), "pause:1", Path("/n/cni"))
 
 
 def _run(*cmd: str) -> str:
@@ -75,7 +98,7 @@ def real() -> Iterator[dict[str, Any]]:
     try:
         for name in ("n1", "n2"):
             t = time.monotonic()
-            c.add_node(name)
+            c.add_node(name, gpus=2 if name == "n2" else 0)
             state["timings"][f"{name} start -> Ready"] = round(time.monotonic() - t, 2)
         c.kubectl("create", "namespace", NS)
         c.wait_for_default_sa(NS)
@@ -113,6 +136,8 @@ def wait_running(c: RealCluster, name: str, timeout: float = 60) -> float:
     return round(time.monotonic() - t, 2)
 
 
+@pytest.mark.cluster
+@needs_root
 def test_nodes_ready_with_real_runtime(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     for name in ("n1", "n2"):
@@ -121,8 +146,13 @@ def test_nodes_ready_with_real_runtime(real: dict[str, Any]) -> None:
         assert c.node_ready(name)
         assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
         assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.4"
+    # Fake GPUs (patched status) survive the kubelet's own status updates (every second).
+    time.sleep(2.5)
+    assert (c.get("node", "n2") or {})["status"]["allocatable"].get("nvidia.com/gpu") == "2"
 
 
+@pytest.mark.cluster
+@needs_root
 def test_pod_runs_logs_and_exec(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "hello", "n1", "echo started on $(hostname); exec sleep 3600"))
@@ -134,6 +164,8 @@ def test_pod_runs_logs_and_exec(real: dict[str, Any]) -> None:
     assert f"nameserver {c.dns_address}" in out and f"search {NS}.svc.cluster.local" in out
 
 
+@pytest.mark.cluster
+@needs_root
 def test_pods_reach_each_other_across_nodes_by_dns_and_service(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     serve = 'mkdir -p /www && echo "hello from $(hostname)" > /www/index.html && exec httpd -f -p 8080 -h /www'
@@ -165,6 +197,8 @@ def test_pods_reach_each_other_across_nodes_by_dns_and_service(real: dict[str, A
     # And the apiserver through the `kubernetes` Service, as in-cluster clients reach it (TLS: any answer).
     assert "HTTPS server" in fetch("kubernetes.default", 443)
 
+@pytest.mark.cluster
+@needs_root
 def test_limits_are_enforced_by_cgroups(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "limited", "n2", "exec sleep 3600", container={
@@ -180,6 +214,8 @@ def test_limits_are_enforced_by_cgroups(real: dict[str, Any]) -> None:
     assert any(int((d / "memory.limit_in_bytes").read_text()) == 64 * 1024 * 1024 for d in containers)
 
 
+@pytest.mark.cluster
+@needs_root
 def test_partitioned_node_goes_not_ready_while_its_containers_run(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "ticker", "n2", "exec sleep 3600"))
@@ -198,6 +234,8 @@ def test_partitioned_node_goes_not_ready_while_its_containers_run(real: dict[str
     wait_for(lambda: c.node_ready("n2"), 30, "n2 Ready after healing")
 
 
+@pytest.mark.cluster
+@needs_root
 def test_killed_node_goes_not_ready_and_its_pods_stay(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "doomed", "n1", "exec sleep 3600"))
@@ -227,6 +265,8 @@ def test_killed_node_goes_not_ready_and_its_pods_stay(real: dict[str, Any]) -> N
     assert c.node_ready("n1")
 
 
+@pytest.mark.cluster
+@needs_root
 def test_host_is_left_as_found(real: dict[str, Any]) -> None:
     """Last: stop the cluster, then compare the host with the snapshot taken before it started."""
     c: RealCluster = real["cluster"]
