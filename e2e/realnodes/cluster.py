@@ -3,11 +3,13 @@
 `RealCluster` is the local backend's cluster (same control plane, same network namespace, same
 `ClusterLike` interface) whose nodes are real: per node a containerd (own root, state and socket) and a
 kubelet (client cert from the cluster CA, cgroupfs under a cgroup root of its own), both in the
-cluster's network namespace and in a mount namespace of the node's own. That mount namespace is the
-node's "machine": /var/lib and /var/log are the node's directories, /run a tmpfs of its own, and the global sysctls
-the kubelet would set are files with the values it wants (config.KUBELET_SYSCTLS), so nothing the node
-does lands on the host. When every process of a node dies, its mounts (overlay rootfs, volumes, netns
-pins) go with that namespace, which is what makes `kill_node` a machine's death and teardown clean.
+cluster's network namespace and in a mount namespace (and root) of the node's own, its "machine"
+(node_init.sh): /var/lib and /var/log are the node's directories, /run a tmpfs of its own, the shared
+hostPath roots (SHARED_PATHS) the cluster's `host_path` directories, any other new top-level path the
+node's own, and the global sysctls the kubelet would set are files holding the values it wants
+(config.KUBELET_SYSCTLS), so nothing the node does lands on the host. When every process of a node dies,
+its mounts (overlay rootfs, volumes, netns pins) go with that namespace, which is what makes `kill_node`
+a machine's death and teardown clean.
 """
 
 from __future__ import annotations
@@ -32,19 +34,9 @@ from . import cgroups, config
 from .binaries import ensure_images, ensure_node_binaries, image_refs
 
 # The node's mount namespace, then containerd: $1 = node dir. Every later process of the node enters it.
-# /run is a fresh tmpfs, as after a boot: containerd's shim sockets and runc's state (fixed under
-# /run/containerd) and the pods' netns pins (/run/netns) live and die with the node.
-NODE_INIT = r"""set -eu
-N="$1"; shift
-mount --bind "$N/machine/var-lib" /var/lib
-mount --bind "$N/machine/var-log" /var/log
-mount -t tmpfs -o mode=0755,size=64m rtj-node-run /run
-mkdir -p /run/netns /run/containerd
-for f in $(cd "$N/machine/sysctl" && find . -type f); do
-  mount --bind "$N/machine/sysctl/$f" "/proc/sys/$f"
-done
-exec "$@"
-"""
+NODE_INIT = Path(__file__).with_name("node_init.sh")  # the node's mount namespace; see its header
+# hostPath roots every node shares, as `host_path` maps them (e2e/support.py's HOST_DIR, create_shared_pvc).
+SHARED_PATHS = ("/rtj-checkpoints", "/rtj-shared")
 
 
 @dataclass
@@ -121,12 +113,6 @@ class RealCluster(Cluster):
         d.mkdir(exist_ok=True)
         (d / "Corefile").write_text(config.corefile(self.dns_address, self.dir / "dns.kubeconfig"))
         self._spawn("coredns", ["-conf", str(d / "Corefile")], binary=self.node_bin_dir / "coredns")
-        crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
-        self._write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
-        (d / "kube-proxy.yaml").write_text(config.to_json(
-            config.kube_proxy_config(d / "kube-proxy.kubeconfig", self.api_host)))
-        self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
-                    binary=self.node_bin_dir / "kube-proxy")
         ready = f"http://127.0.0.1:{config.COREDNS_READY_PORT}/ready"
 
         def dns_ready() -> bool:
@@ -134,6 +120,18 @@ class RealCluster(Cluster):
             return self.in_netns(lambda: urllib.request.urlopen(ready, timeout=2).status == 200)
 
         wait_for(dns_ready, 60, "CoreDNS /ready")
+        self._save()
+
+    def _start_kube_proxy(self, node: str) -> None:
+        """One kube-proxy for the cluster's namespace, named after the first node: at start it waits 30 s
+        for its Node to exist, so it starts once one does (Services need a node to have pods anyway)."""
+        d = self.dir / "addons"
+        crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
+        self._write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
+        (d / "kube-proxy.yaml").write_text(config.to_json(
+            config.kube_proxy_config(d / "kube-proxy.kubeconfig", self.api_host, node)))
+        self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
+                    binary=self.node_bin_dir / "kube-proxy")
         # kube-proxy has programmed the `kubernetes` Service once its chain holds a rule for it.
         wait_for(lambda: self._check_alive() or "default/kubernetes" in self._nsenter_net(
             "iptables-save", "-t", "nat").stdout, 60, "kube-proxy rules for default/kubernetes")
@@ -202,8 +200,9 @@ class RealCluster(Cluster):
         logs.mkdir(exist_ok=True)
         with (logs / "containerd.log").open("ab") as out:
             node.containerd = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_INIT, "node-init",
-                 str(node.dir), "containerd", f"--config={node.dir / 'containerd.toml'}"],
+                ["unshare", "--mount", "--propagation", "private", "--", "sh", str(NODE_INIT), str(node.dir),
+                 str(self.hostpath_root), *SHARED_PATHS, "--",
+                 "containerd", f"--config={node.dir / 'containerd.toml'}"],
                 preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (two syscalls, see _in_cluster)
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         cgroups.join_runtime(node.cgroup, node.containerd.pid)
@@ -221,7 +220,7 @@ class RealCluster(Cluster):
             self.ctr(node.name, "images", "import", "--snapshotter=overlayfs", str(archive))
         with (logs / "kubelet.log").open("ab") as out:
             node.kubelet = subprocess.Popen(
-                ["nsenter", f"--mount=/proc/{node.containerd.pid}/ns/mnt", "--",
+                ["nsenter", f"--target={node.containerd.pid}", "--mount", "--root", "--wd", "--",
                  str(self.node_bin_dir / "kubelet"), *node.argv],
                 preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -255,6 +254,8 @@ class RealCluster(Cluster):
             return self.node_ready(name)
 
         wait_for(ready, timeout, f"node {name} Ready (logs in {node.dir / 'logs'})")
+        if "kube-proxy" not in self.components:
+            self._start_kube_proxy(name)
         if node.gpus:
             gpus = str(node.gpus)
             patch = {"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}}

@@ -53,7 +53,7 @@ def test_kubelet_config_never_touches_the_hosts_globals() -> None:
     assert (cfg["makeIPTablesUtilChains"], cfg["protectKernelDefaults"]) == (False, False)
     assert cfg["cgroupDriver"] == "cgroupfs" and cfg["failCgroupV1"] is False
     assert cfg["cgroupRoot"] == "/rtj/x/n1" and cfg["clusterDNS"] == ["10.100.0.1"]
-    proxy = rn_config.kube_proxy_config(Path("/kc"), "10.100.0.1")
+    proxy = rn_config.kube_proxy_config(Path("/kc"), "10.100.0.1", "n1")
     assert proxy["conntrack"]["maxPerCore"] == 0 and proxy["conntrack"]["tcpEstablishedTimeout"] == "0s"
     assert 'restrict_oom_score_adj = true' in rn_config.containerd_config(Path("/n"), "pause:1", Path("/n/cni"))
 
@@ -160,6 +160,9 @@ def test_pod_runs_logs_and_exec(real: dict[str, Any]) -> None:
     wait_for(lambda: "started on hello" in c.kubectl("logs", "-n", NS, "hello", check=False).stdout, 20,
              "kubectl logs")
     assert "started on hello" in c.pod_log(NS, "hello")
+    # The container's root is its image on an overlay, not the machine's (/usr is the host's, not busybox's).
+    root = c.kubectl("exec", "-n", NS, "hello", "--", "sh", "-c", "ls /; grep ' / / ' /proc/self/mountinfo").stdout
+    assert "overlay" in root and "usr" not in root.split(), root
     out = c.kubectl("exec", "-n", NS, "hello", "--", "cat", "/etc/resolv.conf").stdout
     assert f"nameserver {c.dns_address}" in out and f"search {NS}.svc.cluster.local" in out
 
