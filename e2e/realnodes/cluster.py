@@ -72,7 +72,7 @@ class RealCluster(Cluster):
     real_nodes: dict[str, RealNode] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:  # type: ignore[override]
+    def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:
         """Build/reuse the node binaries and images, start the control plane, then CoreDNS and kube-proxy."""
         node_bin, image_dir = ensure_node_binaries(), ensure_images()
         cgroups.cleanup_stale(network.list_netns())
@@ -133,8 +133,11 @@ class RealCluster(Cluster):
         self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
                     binary=self.node_bin_dir / "kube-proxy")
         # kube-proxy has programmed the `kubernetes` Service once its chain holds a rule for it.
-        wait_for(lambda: self._check_alive() or "default/kubernetes" in self._nsenter_net(
-            "iptables-save", "-t", "nat").stdout, 60, "kube-proxy rules for default/kubernetes")
+        def programmed() -> bool:
+            self._check_alive()
+            return "default/kubernetes" in self._nsenter_net("iptables-save", "-t", "nat").stdout
+
+        wait_for(programmed, 60, "kube-proxy rules for default/kubernetes")
         self._save()
 
     def describe(self) -> dict[str, Any]:

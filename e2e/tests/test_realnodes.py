@@ -219,6 +219,24 @@ def test_limits_are_enforced_by_cgroups(real: dict[str, Any]) -> None:
 
 @pytest.mark.cluster
 @needs_root
+def test_host_path_volumes_stay_inside_the_cluster(real: dict[str, Any]) -> None:
+    c: RealCluster = real["cluster"]
+    pod = busybox_pod(c, "writer", "n1", "echo ckpt > /ck/step-7 && echo x > /elsewhere/x", restartPolicy="Never",
+                      volumes=[{"name": "ck", "hostPath": {"path": "/rtj-checkpoints/rn", "type": "DirectoryOrCreate"}},
+                               {"name": "else", "hostPath": {"path": "/rtj-not-shared", "type": "DirectoryOrCreate"}}],
+                      container={"volumeMounts": [{"name": "ck", "mountPath": "/ck"},
+                                                  {"name": "else", "mountPath": "/elsewhere"}]})
+    c.apply(pod)
+    wait_for(lambda: (c.get("pod", "writer", NS) or {}).get("status", {}).get("phase") == "Succeeded", 60,
+             "writer Succeeded")
+    # A shared root is the cluster's host_path (what every node sees: an RWX volume) ...
+    assert c.host_path("/rtj-checkpoints/rn/step-7").read_text() == "ckpt\n"
+    # ... and any other hostPath is the node's own, never the host's root filesystem.
+    assert not Path("/rtj-not-shared").exists()
+
+
+@pytest.mark.cluster
+@needs_root
 def test_partitioned_node_goes_not_ready_while_its_containers_run(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "ticker", "n2", "exec sleep 3600"))
