@@ -28,7 +28,7 @@ from typing import Any
 from e2e.cluster import wait_for
 from e2e.localcluster import network
 from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, _in_cluster
+from e2e.localcluster.cluster import Cluster, NodeHandle, _in_cluster
 
 from . import cgroups, config
 from .binaries import ensure_images, ensure_node_binaries, image_refs
@@ -40,17 +40,12 @@ SHARED_PATHS = ("/rtj-checkpoints", "/rtj-shared")
 
 
 @dataclass
-class RealNode:
-    """One real node: its directories, cgroup root and the two processes that make it alive."""
+class RealNode(NodeHandle):
+    """One real node. As the local backend's handle (`proc` is the kubelet, `killed`), so code that
+    freezes a node's agent (SIGSTOP `proc`) or restores killed nodes works on both; plus containerd."""
 
-    name: str
-    index: int
-    address: str
-    dir: Path
-    cgroup: str
+    cgroup: str = ""
     containerd: subprocess.Popen[bytes] | None = None
-    kubelet: subprocess.Popen[bytes] | None = None
-    killed: bool = False
     partitioned: bool = False
     gpus: int = 0
     argv: list[str] = field(default_factory=list)
@@ -69,7 +64,7 @@ class RealCluster(Cluster):
     image_dir: Path = Path()
     images: dict[str, str] = field(default_factory=dict)
     image_archives: list[Path] = field(default_factory=list)
-    real_nodes: dict[str, RealNode] = field(default_factory=dict)
+    nodes: dict[str, RealNode] = field(default_factory=dict)  # type: ignore[assignment]
 
     @classmethod
     def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:
@@ -146,12 +141,12 @@ class RealCluster(Cluster):
         info["backend"] = "real"
         info["real_nodes"] = {n.name: {"dir": str(n.dir), "cgroup": n.cgroup, "address": n.address,
                                        "containerd": n.containerd.pid if n.containerd else None,
-                                       "kubelet": n.kubelet.pid if n.kubelet else None}
-                              for n in getattr(self, "real_nodes", {}).values()}
+                                       "kubelet": n.proc.pid if n.proc else None}
+                              for n in self.nodes.values()}
         return info
 
     # ---------------------------------------------------------------- nodes
-    def add_node(self, name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,  # type: ignore[override]
+    def add_node(self, name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
                  pods: int = 110, labels: dict[str, str] | None = None,
                  taints: list[dict[str, str]] | None = None, wait: bool = True,
                  timeout: float = 60) -> RealNode:
@@ -162,14 +157,14 @@ class RealCluster(Cluster):
         machine, so kubelets on one host cannot each run a plugin).
         """
         del cpu, memory
-        if name in self.real_nodes:
+        if name in self.nodes:
             raise ValueError(f"node {name} exists")
-        index = len(self.real_nodes) + 1
+        index = len(self.nodes) + 1
         ndir = self.dir / "nodes" / name
         for sub in ("machine/var-lib", "machine/var-log", "cni", "containerd"):
             (ndir / sub).mkdir(parents=True, exist_ok=True)
         address = network.add_node_address(self.netns, index, self.subnet)
-        node = RealNode(name=name, index=index, address=address, dir=ndir,
+        node = RealNode(name=name, index=index, address=address, dir=ndir, config=ndir / "kubelet.yaml",
                         cgroup=cgroups.node_root(self.netns, name), gpus=gpus)
         for rel, value in config.KUBELET_SYSCTLS.items():
             (ndir / "machine" / "sysctl" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +185,7 @@ class RealCluster(Cluster):
                      "--v=1"]
         if labels:
             node.argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
-        self.real_nodes[name] = node
+        self.nodes[name] = node
         self._boot(node)
         if wait:
             self.wait_node_ready(name, timeout=timeout)
@@ -222,17 +217,17 @@ class RealCluster(Cluster):
         for archive in self.image_archives:
             self.ctr(node.name, "images", "import", "--snapshotter=overlayfs", str(archive))
         with (logs / "kubelet.log").open("ab") as out:
-            node.kubelet = subprocess.Popen(
+            node.proc = subprocess.Popen(
                 ["nsenter", f"--target={node.containerd.pid}", "--mount", "--root", "--wd", "--",
                  str(self.node_bin_dir / "kubelet"), *node.argv],
                 preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        cgroups.join_runtime(node.cgroup, node.kubelet.pid)
+        cgroups.join_runtime(node.cgroup, node.proc.pid)
         self._save()
 
     def ctr(self, node: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """containerd's own CLI against `node`'s containerd, in the `k8s.io` namespace the CRI uses."""
-        res = subprocess.run(["ctr", f"--address={self.real_nodes[node].socket}", "--namespace=k8s.io", *args],
+        res = subprocess.run(["ctr", f"--address={self.nodes[node].socket}", "--namespace=k8s.io", *args],
                              check=False, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} on {node} failed ({res.returncode}): {res.stderr}")
@@ -241,16 +236,16 @@ class RealCluster(Cluster):
     def load_image(self, archive: Path) -> None:
         """Import a docker/OCI archive into every node now and into every node booted later."""
         self.image_archives.append(archive)
-        for name, node in self.real_nodes.items():
+        for name, node in self.nodes.items():
             if not node.killed:
                 self.ctr(name, "images", "import", "--snapshotter=overlayfs", str(archive), timeout=1800)
 
     def wait_node_ready(self, name: str, timeout: float = 60) -> None:
         """Block until the Node is Ready (failing early if its kubelet or containerd died), then fake GPUs."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
 
         def ready() -> bool:
-            for what, proc in (("kubelet", node.kubelet), ("containerd", node.containerd)):
+            for what, proc in (("kubelet", node.proc), ("containerd", node.containerd)):
                 if proc is not None and proc.poll() is not None:
                     tail = (node.dir / "logs" / f"{what}.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"{what} of {name} exited with {proc.returncode}: {tail}")
@@ -265,7 +260,7 @@ class RealCluster(Cluster):
             self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
 
     def _reap(self, node: RealNode) -> None:
-        for proc in (node.kubelet, node.containerd):
+        for proc in (node.proc, node.containerd):
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
@@ -273,7 +268,7 @@ class RealCluster(Cluster):
     def kill_node(self, name: str) -> None:
         """The machine dies: every process of the node (kubelet, containerd, shims, containers) is SIGKILLed
         at once; its mounts go with its mount namespace; nothing is cleaned up in the API."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
         cgroups.kill_all(node.cgroup)
         self._reap(node)
         cgroups.wait_empty(node.cgroup)
@@ -282,7 +277,7 @@ class RealCluster(Cluster):
 
     def restore_node(self, name: str, *, wait: bool = True, timeout: float = 60) -> None:
         """The machine boots again on the same disk: the kubelet reconciles (stale sandboxes are removed)."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
         if not node.killed:
             raise RuntimeError(f"node {name} is running")
         self._boot(node)
@@ -292,17 +287,17 @@ class RealCluster(Cluster):
     def partition_node(self, name: str) -> None:
         """The node is cut off from the control plane: its kubelet is frozen (SIGSTOP), its containers
         keep running, so the Node goes NotReady while the workload lives on."""
-        node = self.real_nodes[name]
-        if node.kubelet is None or node.killed:
+        node = self.nodes[name]
+        if node.proc is None or node.killed:
             raise RuntimeError(f"node {name} is not running")
-        os.kill(node.kubelet.pid, signal.SIGSTOP)
+        os.kill(node.proc.pid, signal.SIGSTOP)
         node.partitioned = True
 
     def heal_node(self, name: str) -> None:
         """Undo `partition_node`: the kubelet resumes where it stopped and reports again."""
-        node = self.real_nodes[name]
-        if node.kubelet is not None and node.partitioned:
-            os.kill(node.kubelet.pid, signal.SIGCONT)
+        node = self.nodes[name]
+        if node.proc is not None and node.partitioned:
+            os.kill(node.proc.pid, signal.SIGCONT)
         node.partitioned = False
 
     def container_pids(self, namespace: str, pod: str) -> list[int]:
@@ -311,7 +306,7 @@ class RealCluster(Cluster):
         if not obj or not obj["spec"].get("nodeName"):
             return []
         uid = obj["metadata"]["uid"]
-        node = self.real_nodes[obj["spec"]["nodeName"]]
+        node = self.nodes[obj["spec"]["nodeName"]]
         base = cgroups.CGROUP_FS / "freezer" / node.cgroup.strip("/") / "kubepods"
         pids: list[int] = []
         for d in base.rglob(f"pod{uid}"):
@@ -323,7 +318,7 @@ class RealCluster(Cluster):
         obj = self.get("pod", pod, namespace)
         if not obj or not obj["spec"].get("nodeName"):
             return None
-        node = self.real_nodes[obj["spec"]["nodeName"]]
+        node = self.nodes[obj["spec"]["nodeName"]]
         base = cgroups.CGROUP_FS / controller / node.cgroup.strip("/") / "kubepods"
         return next(iter(base.rglob(f"pod{obj['metadata']['uid']}")), None)
 
@@ -341,7 +336,7 @@ class RealCluster(Cluster):
     def disk_usage(self, name: str) -> int:
         """Bytes a node's directory holds (containerd's content store and snapshots, kubelet, logs)."""
         total = 0
-        for dirpath, _, files in os.walk(self.real_nodes[name].dir):
+        for dirpath, _, files in os.walk(self.nodes[name].dir):
             for f in files:
                 with contextlib.suppress(OSError):
                     st = os.lstat(os.path.join(dirpath, f))
@@ -350,9 +345,9 @@ class RealCluster(Cluster):
 
     def stop(self, *, remove: bool = False) -> None:
         """Kill every node (cgroup by cgroup), remove their cgroups, then the control plane and network."""
-        for node in getattr(self, "real_nodes", {}).values():
-            if node.kubelet is not None and node.kubelet.poll() is None:
-                os.kill(node.kubelet.pid, signal.SIGCONT)  # a frozen kubelet would hold the freezer
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                os.kill(node.proc.pid, signal.SIGCONT)  # a frozen kubelet would hold the freezer
             cgroups.kill_all(node.cgroup)
             self._reap(node)
             with contextlib.suppress(TimeoutError):
