@@ -221,9 +221,8 @@ def ensure_image(name: str) -> ImageRef:
                     shutil.rmtree(stale, ignore_errors=True)
             print(f"[images] {name} built in {time.monotonic() - started:.0f} s", file=sys.stderr)
         elif not _has_image(spec.ref):
-            _buildah("pull", "--quiet", f"oci-archive:{archive}", timeout=1200)
-            _buildah("tag", _buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}",
-                                     f"oci-archive:{archive}"), spec.ref)
+            # The archive outlived buildah's store (or another worktree retagged): load it back under its ref.
+            _buildah("tag", _buildah("pull", "--quiet", f"oci-archive:{archive}", timeout=1200).split()[-1], spec.ref)
         return ImageRef(name, spec.ref, archive, archive_digest(archive))
 
 
@@ -344,9 +343,13 @@ class Registry:
         return f"{self.address}/{rest}"
 
     def push(self, image: ImageRef, timeout: float = 600) -> None:
-        """Upload an image (blobs the registry has are skipped) under the name pods request."""
-        _run([*self.prefix, "buildah", "push", "--quiet", "--tls-verify=false", image.ref,
-              f"docker://{self.repository(image.ref)}"], timeout, capture_output=True)
+        """Upload an image's OCI archive as is (blobs the registry has are skipped) under the name pods request.
+
+        Runs `push_archive` under the namespace prefix: the archive's compressed blobs go up unchanged, so the
+        registry serves the archive's digest and nothing is recompressed.
+        """
+        _run([*self.prefix, sys.executable, "-m", "e2e.images", "push-archive", str(image.archive),
+              f"http://{self.repository(image.ref)}"], timeout, capture_output=True, cwd=ROOT)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -434,6 +437,49 @@ def scratch_containerd() -> Iterator[ScratchContainerd]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def push_archive(archive: Path, target: str) -> None:
+    """PUT an OCI archive's blobs and manifest to `http://host:port/repo:tag` (the registry API, plain http)."""
+    import http.client
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(target)
+    repo, _, tag = url.path.lstrip("/").rpartition(":")
+    conn = http.client.HTTPConnection(url.netloc, timeout=120)
+
+    def call(method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> Any:
+        conn.request(method, path, body=body, headers=headers or {})  # type: ignore[arg-type]
+        response = conn.getresponse()
+        response.read()
+        if response.status >= 400:
+            raise RuntimeError(f"{method} {path}: {response.status} {response.reason}")
+        return response
+
+    with tarfile.open(archive) as tar:
+        def blob(digest: str) -> tuple[tarfile.TarInfo, Any]:
+            member = tar.getmember("blobs/" + digest.replace(":", "/"))
+            return member, tar.extractfile(member)
+
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        descriptor = index["manifests"][0]
+        _, manifest_file = blob(descriptor["digest"])
+        manifest = manifest_file.read()
+        for layer in [json.loads(manifest)["config"], *json.loads(manifest)["layers"]]:
+            conn.request("HEAD", f"/v2/{repo}/blobs/{layer['digest']}")
+            exists = conn.getresponse()
+            exists.read()
+            if exists.status == 200:
+                continue
+            location = call("POST", f"/v2/{repo}/blobs/uploads/").getheader("Location")
+            upload = urllib.parse.urlsplit(location)
+            query = upload.query + ("&" if upload.query else "") + "digest=" + urllib.parse.quote(layer["digest"])
+            member, data = blob(layer["digest"])
+            call("PUT", f"{upload.path}?{query}", data,
+                 {"Content-Length": str(member.size), "Content-Type": "application/octet-stream"})
+        call("PUT", f"/v2/{repo}/manifests/{tag}", manifest,
+             {"Content-Type": descriptor.get("mediaType", "application/vnd.oci.image.manifest.v1+json")})
+    conn.close()
+
+
 def disk_bytes(path: Path) -> int:
     """Bytes under `path` (hard links counted once)."""
     out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, timeout=120, check=True).stdout
@@ -451,7 +497,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or reuse) images; prints name, ref, digest, archive")
     build.add_argument("names", nargs="*", default=["operator", "trainer-cpu"], help=", ".join(IMAGES))
+    push = sub.add_parser("push-archive", help="upload an OCI archive to http://host:port/repo:tag")
+    push.add_argument("archive", type=Path)
+    push.add_argument("target")
     args = parser.parse_args(argv)
+    if args.command == "push-archive":
+        push_archive(args.archive, args.target)
+        return 0
     for ref in ensure_images(args.names).values():
         print(ref.name, ref.ref, ref.digest, ref.archive)
     return 0
