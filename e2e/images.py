@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HACK = ROOT / "hack" / "images"
 CACHE = Path(os.environ.get("RTJ_CACHE", Path.home() / ".cache" / "resilient-training")) / "images"
 RUNTIME = "/usr/sbin/runc"  # crun refuses this machine's hybrid cgroups; runc works
+KEEP_BUILDS = int(os.environ.get("RTJ_IMAGE_KEEP", "3"))  # builds kept per image (worktrees share the cache)
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"  # the package proxy's certificates; bind-mounted into builds
 REGISTRY_HOST = "ghcr.io"  # where the chart and the example job pull from
 PYPI = "https://pypi.org/simple"  # download.pytorch.org is not reachable here; PyPI's torch is the CUDA build
@@ -98,12 +99,14 @@ IMAGES = _specs()
 
 @dataclasses.dataclass(frozen=True)
 class ImageRef:
-    """A built image: `ref` the name pods request, `archive` its OCI archive, `digest` its manifest digest."""
+    """A built image: `ref` the name pods request, `archive` its OCI archive, `digest` its manifest digest,
+    `image_id` its config digest (buildah's image id: the exact image, whatever another worktree tagged `ref`)."""
 
     name: str
     ref: str
     archive: Path
     digest: str
+    image_id: str
 
 
 def _run(cmd: Sequence[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -187,12 +190,15 @@ def input_hash(name: str, base_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def archive_digest(archive: Path) -> str:
-    """The manifest digest recorded in an OCI archive's index.json."""
+def archive_digests(archive: Path) -> tuple[str, str]:
+    """An OCI archive's manifest digest (index.json) and config digest (its manifest's config)."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        return str(json.load(member)["manifests"][0]["digest"])
+        index = tar.extractfile("index.json")
+        assert index is not None
+        digest = str(json.load(index)["manifests"][0]["digest"])
+        manifest = tar.extractfile("blobs/" + digest.replace(":", "/"))
+        assert manifest is not None
+        return digest, str(json.load(manifest)["config"]["digest"])
 
 
 def ensure_image(name: str) -> ImageRef:
@@ -216,14 +222,25 @@ def ensure_image(name: str) -> ImageRef:
             _buildah("push", "--quiet", spec.ref, f"oci-archive:{tmp / 'image.oci.tar'}:{spec.ref}", timeout=1200)
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
-            for stale in CACHE.iterdir():  # this image's older inputs: not needed any more
-                if stale != out and re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}", stale.name):
-                    shutil.rmtree(stale, ignore_errors=True)
+            _prune(name, keep=KEEP_BUILDS)
+            # The image this tag named before is dangling now; so are older bases.
+            subprocess.run(["buildah", "rmi", "--prune"], capture_output=True, timeout=600, check=False)
             print(f"[images] {name} built in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        elif not _has_image(spec.ref):
-            # The archive outlived buildah's store (or another worktree retagged): load it back under its ref.
-            _buildah("tag", _buildah("pull", "--quiet", f"oci-archive:{archive}", timeout=1200).split()[-1], spec.ref)
-        return ImageRef(name, spec.ref, archive, archive_digest(archive))
+        digest, config = archive_digests(archive)
+        image_id = config.removeprefix("sha256:")
+        if not _has_image(image_id):  # the archive outlived buildah's store: load it back under its ref
+            _buildah("pull", "--quiet", f"oci-archive:{archive}", timeout=1200)
+            _buildah("tag", image_id, spec.ref)
+        os.utime(out)  # recently used: kept by _prune
+        return ImageRef(name, spec.ref, archive, digest, image_id)
+
+
+def _prune(name: str, keep: int) -> None:
+    """Keep the `keep` most recently used builds of an image. Several worktrees (other inputs) share the cache,
+    so the newest build alone would have them rebuild in turn."""
+    builds = [p for p in CACHE.iterdir() if re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}", p.name)]
+    for stale in sorted(builds, key=lambda p: p.stat().st_mtime, reverse=True)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def ensure_images(names: Sequence[str]) -> dict[str, ImageRef]:
@@ -241,13 +258,16 @@ def image_config(ref: str) -> dict[str, Any]:
 
 
 # ---- running a command in an image -------------------------------------------------------------------------
-def run_container(ref: str, args: Sequence[str], *, user: str | None = None, env: dict[str, str] | None = None,
-                  stdin: str = "", read_only: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run `args` in image `ref` with runc: read-only root (a tmpfs at /tmp), new namespaces (loopback only).
+def run_container(image: ImageRef | str, args: Sequence[str], *, user: str | None = None,
+                  env: dict[str, str] | None = None, stdin: str = "", read_only: bool = True,
+                  timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `args` in `image` (an ImageRef: that exact build; or a local name) with runc: read-only root (a tmpfs
+    at /tmp), new namespaces (loopback only).
 
     `user` defaults to the image's USER. Returns the completed process (stdout and stderr captured); a
     container that outlives `timeout` is killed.
     """
+    ref = image.image_id if isinstance(image, ImageRef) else image
     config = image_config(ref)
     container = _buildah("from", "--pull=never", "--quiet", ref)
     name = f"rtj-check-{container[-12:]}"
