@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --progress-bar off -e '.[dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm, kwok, kueue, seaweedfs
+binaries: ## Build (or reuse from ~/.cache) etcd, kube-apiserver/-controller-manager/-scheduler, kubectl, helm, kwok, kueue, seaweedfs, kubelet/kube-proxy/CoreDNS
 	bash hack/k8s/build.sh
+	bash hack/realnodes/build.sh
 	bash hack/kwok/build.sh
 	bash hack/kueue/build.sh
 	bash hack/seaweedfs/build.sh

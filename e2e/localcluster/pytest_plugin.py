@@ -30,6 +30,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(skip)
         return
     ensure_binaries()
+    if os.environ.get("RTJ_CLUSTER") == "real" or any(getattr(getattr(i, "module", None), "REAL_NODES", False)
+                                                       for i in wanted):
+        from e2e.realnodes.binaries import ensure_images, ensure_node_binaries
+
+        ensure_node_binaries()  # kubelet, kube-proxy, CoreDNS, pause (e2e/realnodes)
+        ensure_images()
 
 
 @pytest.hookimpl(wrapper=True)
