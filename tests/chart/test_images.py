@@ -35,7 +35,17 @@ def hadolint() -> str | None:
     return str(local) if local.exists() else shutil.which("hadolint")
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE], ids=["operator", "trainer"])
+def dockerfiles() -> list[Path]:
+    """Every Dockerfile in the repository (not in the venv or build trees)."""
+    return sorted(p for p in ROOT.rglob("Dockerfile*")
+                  if p.is_file() and not {".venv", ".git", "work"} & set(p.relative_to(ROOT).parts))
+
+
+def test_every_dockerfile_is_linted() -> None:
+    assert {OPERATOR_DOCKERFILE, TRAINER_DOCKERFILE} <= set(dockerfiles())
+
+
+@pytest.mark.parametrize("dockerfile", dockerfiles(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_hadolint_reports_nothing(dockerfile: Path) -> None:
     exe = hadolint()
     if exe is None:
@@ -66,6 +76,25 @@ def test_operator_dockerfile_promises() -> None:
     installs = re.findall(r"pip install[^\n]*", text)
     assert installs and all('".[operator]"' in line for line in installs), installs
     assert "torch" not in " ".join(installs) and "[trainer" not in text and "[dev" not in text
+
+
+def test_image_builds_hash_what_the_dockerfiles_copy() -> None:
+    """e2e/images.py rebuilds an image when a file its Dockerfile COPYs changes, and only those files count."""
+    from e2e import images
+
+    copied = {str(p.relative_to(ROOT)) for p in images.copied_files(TRAINER_DOCKERFILE)}
+    assert {"pyproject.toml", "README.md", "trainer_image/resilient_trainer/launch.py"} <= copied
+    assert not any(p.startswith("operator/") or "__pycache__" in p for p in copied)
+    operator_copied = {str(p.relative_to(ROOT)) for p in images.copied_files(OPERATOR_DOCKERFILE)}
+    assert "operator/resilient_operator/__main__.py" in operator_copied
+    assert not any(p.startswith("trainer_image/resilient_trainer") for p in operator_copied)
+
+
+def test_stand_in_base_carries_every_from_name() -> None:
+    from e2e import images
+
+    assert images.base_tags() == ["docker.io/library/python:3.11.11-slim-bookworm",
+                                  "docker.io/library/python:3.11.14-slim-bookworm"]
 
 
 def test_dockerignore_keeps_the_venv_out() -> None:

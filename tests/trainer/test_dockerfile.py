@@ -35,3 +35,10 @@ def test_dockerfile_promises() -> None:
     assert re.search(r"^USER\s+(?!0\b|root\b)", text, re.M), "must run as non-root"
     assert '".[trainer]"' in text and "operator]" not in text and "kopf" not in text
     assert "rtj-launch" in text and "resilient_trainer.examples.tiny_gpt" in text
+
+
+def test_test_only_build_args_default_to_the_production_image() -> None:
+    """PRUNE_AFTER_INSTALL (e2e/images.py's CPU test variant) is empty by default and only acts when set."""
+    text = DOCKERFILE.read_text()
+    assert re.search(r'^ARG PRUNE_AFTER_INSTALL=""$', text, re.M)
+    assert 'if [ -n "${PRUNE_AFTER_INSTALL}" ]; then' in text
