@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HACK = ROOT / "hack" / "images"
 CACHE = Path(os.environ.get("RTJ_CACHE", Path.home() / ".cache" / "resilient-training")) / "images"
 RUNTIME = "/usr/sbin/runc"  # crun refuses this machine's hybrid cgroups; runc works
+KEEP_BUILDS = int(os.environ.get("RTJ_IMAGE_KEEP", "3"))  # builds kept per image (worktrees share the cache)
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"  # the package proxy's certificates; bind-mounted into builds
 REGISTRY_HOST = "ghcr.io"  # where the chart and the example job pull from
 PYPI = "https://pypi.org/simple"  # download.pytorch.org is not reachable here; PyPI's torch is the CUDA build
@@ -98,12 +99,14 @@ IMAGES = _specs()
 
 @dataclasses.dataclass(frozen=True)
 class ImageRef:
-    """A built image: `ref` the name pods request, `archive` its OCI archive, `digest` its manifest digest."""
+    """A built image: `ref` the name pods request, `archive` its OCI archive, `digest` its manifest digest,
+    `image_id` its config digest (buildah's image id: the exact image, whatever another worktree tagged `ref`)."""
 
     name: str
     ref: str
     archive: Path
     digest: str
+    image_id: str
 
 
 def _run(cmd: Sequence[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -187,12 +190,15 @@ def input_hash(name: str, base_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def archive_digest(archive: Path) -> str:
-    """The manifest digest recorded in an OCI archive's index.json."""
+def archive_digests(archive: Path) -> tuple[str, str]:
+    """An OCI archive's manifest digest (index.json) and config digest (its manifest's config)."""
     with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        return str(json.load(member)["manifests"][0]["digest"])
+        index = tar.extractfile("index.json")
+        assert index is not None
+        digest = str(json.load(index)["manifests"][0]["digest"])
+        manifest = tar.extractfile("blobs/" + digest.replace(":", "/"))
+        assert manifest is not None
+        return digest, str(json.load(manifest)["config"]["digest"])
 
 
 def ensure_image(name: str) -> ImageRef:
@@ -216,15 +222,25 @@ def ensure_image(name: str) -> ImageRef:
             _buildah("push", "--quiet", spec.ref, f"oci-archive:{tmp / 'image.oci.tar'}:{spec.ref}", timeout=1200)
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
-            for stale in CACHE.iterdir():  # this image's older inputs: not needed any more
-                if stale != out and re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}", stale.name):
-                    shutil.rmtree(stale, ignore_errors=True)
+            _prune(name, keep=KEEP_BUILDS)
+            # The image this tag named before is dangling now; so are older bases.
+            subprocess.run(["buildah", "rmi", "--prune"], capture_output=True, timeout=600, check=False)
             print(f"[images] {name} built in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        elif not _has_image(spec.ref):
+        digest, config = archive_digests(archive)
+        image_id = config.removeprefix("sha256:")
+        if not _has_image(image_id):  # the archive outlived buildah's store: load it back under its ref
             _buildah("pull", "--quiet", f"oci-archive:{archive}", timeout=1200)
-            _buildah("tag", _buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}",
-                                     f"oci-archive:{archive}"), spec.ref)
-        return ImageRef(name, spec.ref, archive, archive_digest(archive))
+            _buildah("tag", image_id, spec.ref)
+        os.utime(out)  # recently used: kept by _prune
+        return ImageRef(name, spec.ref, archive, digest, image_id)
+
+
+def _prune(name: str, keep: int) -> None:
+    """Keep the `keep` most recently used builds of an image. Several worktrees (other inputs) share the cache,
+    so the newest build alone would have them rebuild in turn."""
+    builds = [p for p in CACHE.iterdir() if re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}", p.name)]
+    for stale in sorted(builds, key=lambda p: p.stat().st_mtime, reverse=True)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def ensure_images(names: Sequence[str]) -> dict[str, ImageRef]:
@@ -242,13 +258,16 @@ def image_config(ref: str) -> dict[str, Any]:
 
 
 # ---- running a command in an image -------------------------------------------------------------------------
-def run_container(ref: str, args: Sequence[str], *, user: str | None = None, env: dict[str, str] | None = None,
-                  stdin: str = "", read_only: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run `args` in image `ref` with runc: read-only root (a tmpfs at /tmp), new namespaces (loopback only).
+def run_container(image: ImageRef | str, args: Sequence[str], *, user: str | None = None,
+                  env: dict[str, str] | None = None, stdin: str = "", read_only: bool = True,
+                  timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `args` in `image` (an ImageRef: that exact build; or a local name) with runc: read-only root (a tmpfs
+    at /tmp), new namespaces (loopback only).
 
     `user` defaults to the image's USER. Returns the completed process (stdout and stderr captured); a
     container that outlives `timeout` is killed.
     """
+    ref = image.image_id if isinstance(image, ImageRef) else image
     config = image_config(ref)
     container = _buildah("from", "--pull=never", "--quiet", ref)
     name = f"rtj-check-{container[-12:]}"
@@ -344,9 +363,13 @@ class Registry:
         return f"{self.address}/{rest}"
 
     def push(self, image: ImageRef, timeout: float = 600) -> None:
-        """Upload an image (blobs the registry has are skipped) under the name pods request."""
-        _run([*self.prefix, "buildah", "push", "--quiet", "--tls-verify=false", image.ref,
-              f"docker://{self.repository(image.ref)}"], timeout, capture_output=True)
+        """Upload an image's OCI archive as is (blobs the registry has are skipped) under the name pods request.
+
+        Runs `push_archive` under the namespace prefix: the archive's compressed blobs go up unchanged, so the
+        registry serves the archive's digest and nothing is recompressed.
+        """
+        _run([*self.prefix, sys.executable, "-m", "e2e.images", "push-archive", str(image.archive),
+              f"http://{self.repository(image.ref)}"], timeout, capture_output=True, cwd=ROOT)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -434,6 +457,49 @@ def scratch_containerd() -> Iterator[ScratchContainerd]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def push_archive(archive: Path, target: str) -> None:
+    """PUT an OCI archive's blobs and manifest to `http://host:port/repo:tag` (the registry API, plain http)."""
+    import http.client
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(target)
+    repo, _, tag = url.path.lstrip("/").rpartition(":")
+    conn = http.client.HTTPConnection(url.netloc, timeout=120)
+
+    def call(method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> Any:
+        conn.request(method, path, body=body, headers=headers or {})  # type: ignore[arg-type]
+        response = conn.getresponse()
+        response.read()
+        if response.status >= 400:
+            raise RuntimeError(f"{method} {path}: {response.status} {response.reason}")
+        return response
+
+    with tarfile.open(archive) as tar:
+        def blob(digest: str) -> tuple[tarfile.TarInfo, Any]:
+            member = tar.getmember("blobs/" + digest.replace(":", "/"))
+            return member, tar.extractfile(member)
+
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        descriptor = index["manifests"][0]
+        _, manifest_file = blob(descriptor["digest"])
+        manifest = manifest_file.read()
+        for layer in [json.loads(manifest)["config"], *json.loads(manifest)["layers"]]:
+            conn.request("HEAD", f"/v2/{repo}/blobs/{layer['digest']}")
+            exists = conn.getresponse()
+            exists.read()
+            if exists.status == 200:
+                continue
+            location = call("POST", f"/v2/{repo}/blobs/uploads/").getheader("Location")
+            upload = urllib.parse.urlsplit(location)
+            query = upload.query + ("&" if upload.query else "") + "digest=" + urllib.parse.quote(layer["digest"])
+            member, data = blob(layer["digest"])
+            call("PUT", f"{upload.path}?{query}", data,
+                 {"Content-Length": str(member.size), "Content-Type": "application/octet-stream"})
+        call("PUT", f"/v2/{repo}/manifests/{tag}", manifest,
+             {"Content-Type": descriptor.get("mediaType", "application/vnd.oci.image.manifest.v1+json")})
+    conn.close()
+
+
 def disk_bytes(path: Path) -> int:
     """Bytes under `path` (hard links counted once)."""
     out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, timeout=120, check=True).stdout
@@ -451,7 +517,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or reuse) images; prints name, ref, digest, archive")
     build.add_argument("names", nargs="*", default=["operator", "trainer-cpu"], help=", ".join(IMAGES))
+    push = sub.add_parser("push-archive", help="upload an OCI archive to http://host:port/repo:tag")
+    push.add_argument("archive", type=Path)
+    push.add_argument("target")
     args = parser.parse_args(argv)
+    if args.command == "push-archive":
+        push_archive(args.archive, args.target)
+        return 0
     for ref in ensure_images(args.names).values():
         print(ref.name, ref.ref, ref.digest, ref.archive)
     return 0

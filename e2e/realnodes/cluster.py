@@ -3,11 +3,13 @@
 `RealCluster` is the local backend's cluster (same control plane, same network namespace, same
 `ClusterLike` interface) whose nodes are real: per node a containerd (own root, state and socket) and a
 kubelet (client cert from the cluster CA, cgroupfs under a cgroup root of its own), both in the
-cluster's network namespace and in a mount namespace of the node's own. That mount namespace is the
-node's "machine": /var/lib and /var/log are the node's directories, /run a tmpfs of its own, and the global sysctls
-the kubelet would set are files with the values it wants (config.KUBELET_SYSCTLS), so nothing the node
-does lands on the host. When every process of a node dies, its mounts (overlay rootfs, volumes, netns
-pins) go with that namespace, which is what makes `kill_node` a machine's death and teardown clean.
+cluster's network namespace and in a mount namespace (and root) of the node's own, its "machine"
+(node_init.sh): /var/lib and /var/log are the node's directories, /run a tmpfs of its own, the shared
+hostPath roots (SHARED_PATHS) the cluster's `host_path` directories, any other new top-level path the
+node's own, and the global sysctls the kubelet would set are files holding the values it wants
+(config.KUBELET_SYSCTLS), so nothing the node does lands on the host. When every process of a node dies,
+its mounts (overlay rootfs, volumes, netns pins) go with that namespace, which is what makes `kill_node`
+a machine's death and teardown clean.
 """
 
 from __future__ import annotations
@@ -26,39 +28,24 @@ from typing import Any
 from e2e.cluster import wait_for
 from e2e.localcluster import network
 from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, _in_cluster
+from e2e.localcluster.cluster import Cluster, NodeHandle, _in_cluster
 
 from . import cgroups, config
 from .binaries import ensure_images, ensure_node_binaries, image_refs
 
 # The node's mount namespace, then containerd: $1 = node dir. Every later process of the node enters it.
-# /run is a fresh tmpfs, as after a boot: containerd's shim sockets and runc's state (fixed under
-# /run/containerd) and the pods' netns pins (/run/netns) live and die with the node.
-NODE_INIT = r"""set -eu
-N="$1"; shift
-mount --bind "$N/machine/var-lib" /var/lib
-mount --bind "$N/machine/var-log" /var/log
-mount -t tmpfs -o mode=0755,size=64m rtj-node-run /run
-mkdir -p /run/netns /run/containerd
-for f in $(cd "$N/machine/sysctl" && find . -type f); do
-  mount --bind "$N/machine/sysctl/$f" "/proc/sys/$f"
-done
-exec "$@"
-"""
+NODE_INIT = Path(__file__).with_name("node_init.sh")  # the node's mount namespace; see its header
+# hostPath roots every node shares, as `host_path` maps them (e2e/support.py's HOST_DIR, create_shared_pvc).
+SHARED_PATHS = ("/rtj-checkpoints", "/rtj-shared")
 
 
 @dataclass
-class RealNode:
-    """One real node: its directories, cgroup root and the two processes that make it alive."""
+class RealNode(NodeHandle):
+    """One real node. As the local backend's handle (`proc` is the kubelet, `killed`), so code that
+    freezes a node's agent (SIGSTOP `proc`) or restores killed nodes works on both; plus containerd."""
 
-    name: str
-    index: int
-    address: str
-    dir: Path
-    cgroup: str
+    cgroup: str = ""
     containerd: subprocess.Popen[bytes] | None = None
-    kubelet: subprocess.Popen[bytes] | None = None
-    killed: bool = False
     partitioned: bool = False
     gpus: int = 0
     argv: list[str] = field(default_factory=list)
@@ -77,10 +64,10 @@ class RealCluster(Cluster):
     image_dir: Path = Path()
     images: dict[str, str] = field(default_factory=dict)
     image_archives: list[Path] = field(default_factory=list)
-    real_nodes: dict[str, RealNode] = field(default_factory=dict)
+    nodes: dict[str, RealNode] = field(default_factory=dict)  # type: ignore[assignment]
 
     @classmethod
-    def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:  # type: ignore[override]
+    def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:
         """Build/reuse the node binaries and images, start the control plane, then CoreDNS and kube-proxy."""
         node_bin, image_dir = ensure_node_binaries(), ensure_images()
         cgroups.cleanup_stale(network.list_netns())
@@ -121,12 +108,6 @@ class RealCluster(Cluster):
         d.mkdir(exist_ok=True)
         (d / "Corefile").write_text(config.corefile(self.dns_address, self.dir / "dns.kubeconfig"))
         self._spawn("coredns", ["-conf", str(d / "Corefile")], binary=self.node_bin_dir / "coredns")
-        crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
-        self._write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
-        (d / "kube-proxy.yaml").write_text(config.to_json(
-            config.kube_proxy_config(d / "kube-proxy.kubeconfig", self.api_host)))
-        self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
-                    binary=self.node_bin_dir / "kube-proxy")
         ready = f"http://127.0.0.1:{config.COREDNS_READY_PORT}/ready"
 
         def dns_ready() -> bool:
@@ -134,9 +115,24 @@ class RealCluster(Cluster):
             return self.in_netns(lambda: urllib.request.urlopen(ready, timeout=2).status == 200)
 
         wait_for(dns_ready, 60, "CoreDNS /ready")
+        self._save()
+
+    def _start_kube_proxy(self, node: str) -> None:
+        """One kube-proxy for the cluster's namespace, named after the first node: at start it waits 30 s
+        for its Node to exist, so it starts once one does (Services need a node to have pods anyway)."""
+        d = self.dir / "addons"
+        crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
+        self._write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
+        (d / "kube-proxy.yaml").write_text(config.to_json(
+            config.kube_proxy_config(d / "kube-proxy.kubeconfig", self.api_host, node)))
+        self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
+                    binary=self.node_bin_dir / "kube-proxy")
         # kube-proxy has programmed the `kubernetes` Service once its chain holds a rule for it.
-        wait_for(lambda: self._check_alive() or "default/kubernetes" in self._nsenter_net(
-            "iptables-save", "-t", "nat").stdout, 60, "kube-proxy rules for default/kubernetes")
+        def programmed() -> bool:
+            self._check_alive()
+            return "default/kubernetes" in self._nsenter_net("iptables-save", "-t", "nat").stdout
+
+        wait_for(programmed, 60, "kube-proxy rules for default/kubernetes")
         self._save()
 
     def describe(self) -> dict[str, Any]:
@@ -145,12 +141,12 @@ class RealCluster(Cluster):
         info["backend"] = "real"
         info["real_nodes"] = {n.name: {"dir": str(n.dir), "cgroup": n.cgroup, "address": n.address,
                                        "containerd": n.containerd.pid if n.containerd else None,
-                                       "kubelet": n.kubelet.pid if n.kubelet else None}
-                              for n in getattr(self, "real_nodes", {}).values()}
+                                       "kubelet": n.proc.pid if n.proc else None}
+                              for n in self.nodes.values()}
         return info
 
     # ---------------------------------------------------------------- nodes
-    def add_node(self, name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,  # type: ignore[override]
+    def add_node(self, name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
                  pods: int = 110, labels: dict[str, str] | None = None,
                  taints: list[dict[str, str]] | None = None, wait: bool = True,
                  timeout: float = 60) -> RealNode:
@@ -161,14 +157,14 @@ class RealCluster(Cluster):
         machine, so kubelets on one host cannot each run a plugin).
         """
         del cpu, memory
-        if name in self.real_nodes:
+        if name in self.nodes:
             raise ValueError(f"node {name} exists")
-        index = len(self.real_nodes) + 1
+        index = len(self.nodes) + 1
         ndir = self.dir / "nodes" / name
         for sub in ("machine/var-lib", "machine/var-log", "cni", "containerd"):
             (ndir / sub).mkdir(parents=True, exist_ok=True)
         address = network.add_node_address(self.netns, index, self.subnet)
-        node = RealNode(name=name, index=index, address=address, dir=ndir,
+        node = RealNode(name=name, index=index, address=address, dir=ndir, config=ndir / "kubelet.yaml",
                         cgroup=cgroups.node_root(self.netns, name), gpus=gpus)
         for rel, value in config.KUBELET_SYSCTLS.items():
             (ndir / "machine" / "sysctl" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +185,7 @@ class RealCluster(Cluster):
                      "--v=1"]
         if labels:
             node.argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
-        self.real_nodes[name] = node
+        self.nodes[name] = node
         self._boot(node)
         if wait:
             self.wait_node_ready(name, timeout=timeout)
@@ -202,8 +198,9 @@ class RealCluster(Cluster):
         logs.mkdir(exist_ok=True)
         with (logs / "containerd.log").open("ab") as out:
             node.containerd = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_INIT, "node-init",
-                 str(node.dir), "containerd", f"--config={node.dir / 'containerd.toml'}"],
+                ["unshare", "--mount", "--propagation", "private", "--", "sh", str(NODE_INIT), str(node.dir),
+                 str(self.hostpath_root), *SHARED_PATHS, "--",
+                 "containerd", f"--config={node.dir / 'containerd.toml'}"],
                 preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (two syscalls, see _in_cluster)
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         cgroups.join_runtime(node.cgroup, node.containerd.pid)
@@ -220,17 +217,17 @@ class RealCluster(Cluster):
         for archive in self.image_archives:
             self.ctr(node.name, "images", "import", "--snapshotter=overlayfs", str(archive))
         with (logs / "kubelet.log").open("ab") as out:
-            node.kubelet = subprocess.Popen(
-                ["nsenter", f"--mount=/proc/{node.containerd.pid}/ns/mnt", "--",
+            node.proc = subprocess.Popen(
+                ["nsenter", f"--target={node.containerd.pid}", "--mount", "--root", "--wd", "--",
                  str(self.node_bin_dir / "kubelet"), *node.argv],
                 preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        cgroups.join_runtime(node.cgroup, node.kubelet.pid)
+        cgroups.join_runtime(node.cgroup, node.proc.pid)
         self._save()
 
     def ctr(self, node: str, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """containerd's own CLI against `node`'s containerd, in the `k8s.io` namespace the CRI uses."""
-        res = subprocess.run(["ctr", f"--address={self.real_nodes[node].socket}", "--namespace=k8s.io", *args],
+        res = subprocess.run(["ctr", f"--address={self.nodes[node].socket}", "--namespace=k8s.io", *args],
                              check=False, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} on {node} failed ({res.returncode}): {res.stderr}")
@@ -239,29 +236,31 @@ class RealCluster(Cluster):
     def load_image(self, archive: Path) -> None:
         """Import a docker/OCI archive into every node now and into every node booted later."""
         self.image_archives.append(archive)
-        for name, node in self.real_nodes.items():
+        for name, node in self.nodes.items():
             if not node.killed:
                 self.ctr(name, "images", "import", "--snapshotter=overlayfs", str(archive), timeout=1800)
 
     def wait_node_ready(self, name: str, timeout: float = 60) -> None:
         """Block until the Node is Ready (failing early if its kubelet or containerd died), then fake GPUs."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
 
         def ready() -> bool:
-            for what, proc in (("kubelet", node.kubelet), ("containerd", node.containerd)):
+            for what, proc in (("kubelet", node.proc), ("containerd", node.containerd)):
                 if proc is not None and proc.poll() is not None:
                     tail = (node.dir / "logs" / f"{what}.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"{what} of {name} exited with {proc.returncode}: {tail}")
             return self.node_ready(name)
 
         wait_for(ready, timeout, f"node {name} Ready (logs in {node.dir / 'logs'})")
+        if "kube-proxy" not in self.components:
+            self._start_kube_proxy(name)
         if node.gpus:
             gpus = str(node.gpus)
             patch = {"status": {"capacity": {"nvidia.com/gpu": gpus}, "allocatable": {"nvidia.com/gpu": gpus}}}
             self.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
 
     def _reap(self, node: RealNode) -> None:
-        for proc in (node.kubelet, node.containerd):
+        for proc in (node.proc, node.containerd):
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=10)
@@ -269,7 +268,7 @@ class RealCluster(Cluster):
     def kill_node(self, name: str) -> None:
         """The machine dies: every process of the node (kubelet, containerd, shims, containers) is SIGKILLed
         at once; its mounts go with its mount namespace; nothing is cleaned up in the API."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
         cgroups.kill_all(node.cgroup)
         self._reap(node)
         cgroups.wait_empty(node.cgroup)
@@ -278,7 +277,7 @@ class RealCluster(Cluster):
 
     def restore_node(self, name: str, *, wait: bool = True, timeout: float = 60) -> None:
         """The machine boots again on the same disk: the kubelet reconciles (stale sandboxes are removed)."""
-        node = self.real_nodes[name]
+        node = self.nodes[name]
         if not node.killed:
             raise RuntimeError(f"node {name} is running")
         self._boot(node)
@@ -288,17 +287,17 @@ class RealCluster(Cluster):
     def partition_node(self, name: str) -> None:
         """The node is cut off from the control plane: its kubelet is frozen (SIGSTOP), its containers
         keep running, so the Node goes NotReady while the workload lives on."""
-        node = self.real_nodes[name]
-        if node.kubelet is None or node.killed:
+        node = self.nodes[name]
+        if node.proc is None or node.killed:
             raise RuntimeError(f"node {name} is not running")
-        os.kill(node.kubelet.pid, signal.SIGSTOP)
+        os.kill(node.proc.pid, signal.SIGSTOP)
         node.partitioned = True
 
     def heal_node(self, name: str) -> None:
         """Undo `partition_node`: the kubelet resumes where it stopped and reports again."""
-        node = self.real_nodes[name]
-        if node.kubelet is not None and node.partitioned:
-            os.kill(node.kubelet.pid, signal.SIGCONT)
+        node = self.nodes[name]
+        if node.proc is not None and node.partitioned:
+            os.kill(node.proc.pid, signal.SIGCONT)
         node.partitioned = False
 
     def container_pids(self, namespace: str, pod: str) -> list[int]:
@@ -307,7 +306,7 @@ class RealCluster(Cluster):
         if not obj or not obj["spec"].get("nodeName"):
             return []
         uid = obj["metadata"]["uid"]
-        node = self.real_nodes[obj["spec"]["nodeName"]]
+        node = self.nodes[obj["spec"]["nodeName"]]
         base = cgroups.CGROUP_FS / "freezer" / node.cgroup.strip("/") / "kubepods"
         pids: list[int] = []
         for d in base.rglob(f"pod{uid}"):
@@ -319,7 +318,7 @@ class RealCluster(Cluster):
         obj = self.get("pod", pod, namespace)
         if not obj or not obj["spec"].get("nodeName"):
             return None
-        node = self.real_nodes[obj["spec"]["nodeName"]]
+        node = self.nodes[obj["spec"]["nodeName"]]
         base = cgroups.CGROUP_FS / controller / node.cgroup.strip("/") / "kubepods"
         return next(iter(base.rglob(f"pod{obj['metadata']['uid']}")), None)
 
@@ -337,7 +336,7 @@ class RealCluster(Cluster):
     def disk_usage(self, name: str) -> int:
         """Bytes a node's directory holds (containerd's content store and snapshots, kubelet, logs)."""
         total = 0
-        for dirpath, _, files in os.walk(self.real_nodes[name].dir):
+        for dirpath, _, files in os.walk(self.nodes[name].dir):
             for f in files:
                 with contextlib.suppress(OSError):
                     st = os.lstat(os.path.join(dirpath, f))
@@ -346,9 +345,9 @@ class RealCluster(Cluster):
 
     def stop(self, *, remove: bool = False) -> None:
         """Kill every node (cgroup by cgroup), remove their cgroups, then the control plane and network."""
-        for node in getattr(self, "real_nodes", {}).values():
-            if node.kubelet is not None and node.kubelet.poll() is None:
-                os.kill(node.kubelet.pid, signal.SIGCONT)  # a frozen kubelet would hold the freezer
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                os.kill(node.proc.pid, signal.SIGCONT)  # a frozen kubelet would hold the freezer
             cgroups.kill_all(node.cgroup)
             self._reap(node)
             with contextlib.suppress(TimeoutError):

@@ -152,8 +152,11 @@ def corefile(bind: str, kubeconfig: Path) -> str:
 """
 
 
-def kube_proxy_config(kubeconfig: Path, bind: str) -> dict[str, Any]:
+def kube_proxy_config(kubeconfig: Path, bind: str, node: str) -> dict[str, Any]:
     """iptables mode inside the cluster namespace; conntrack and the global sysctls left as they are.
+
+    One kube-proxy serves every node (they share the namespace); it is named after `node` (an existing
+    Node: kube-proxy waits 30 s at start for its Node), which only matters for node-local traffic policies.
 
     `masqueradeAll`: a pod reaching a ClusterIP backed by a pod on its own bridge gets the reply back
     through the proxy's NAT without br_netfilter (a host-wide module setting we must not change).
@@ -162,7 +165,7 @@ def kube_proxy_config(kubeconfig: Path, bind: str) -> dict[str, Any]:
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "mode": "iptables", "bindAddress": bind, "clusterCIDR": POD_SUPERNET,
-        "hostnameOverride": "rtj-kube-proxy",
+        "hostnameOverride": node,
         "healthzBindAddress": f"127.0.0.1:{KUBE_PROXY_HEALTH_PORT}",
         "metricsBindAddress": f"127.0.0.1:{KUBE_PROXY_METRICS_PORT}",
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",

@@ -43,23 +43,23 @@ def test_images_build_or_come_from_the_cache(built: dict[str, ImageRef]) -> None
 
 @pytest.mark.timeout(120)
 def test_operator_image_has_no_torch_and_runs_as_65532_on_a_read_only_root(built: dict[str, ImageRef]) -> None:
-    ref = built["operator"].ref
-    config = images.image_config(ref)
+    image = built["operator"]
+    config = images.image_config(image.image_id)
     assert config["User"] == "65532:65532" and config["Entrypoint"] == ["python", "-m", "resilient_operator"]
     # What the entrypoint imports (kopf, the handlers, the contracts), as the image's user; /tmp is the chart's
     # emptyDir, the root stays read-only.
     probe = ("import os, importlib.util, resilient_operator.__main__; "
              "print(os.getuid(), os.getgid(), importlib.util.find_spec('torch') is None); "
              "open('/tmp/ok', 'w').write('tmp is writable'); open('/root-write', 'w')")
-    result = images.run_container(ref, ["python", "-c", probe])
+    result = images.run_container(image, ["python", "-c", probe])
     assert result.stdout.split() == ["65532", "65532", "True"], result.stdout + result.stderr
     assert "Read-only file system: '/root-write'" in result.stderr, result.stderr
 
 
 @pytest.mark.timeout(180)
 def test_trainer_cpu_image_all_reduces_over_gloo_on_two_ranks(built: dict[str, ImageRef]) -> None:
-    ref = built["trainer-cpu"].ref
-    listing = images.run_container(ref, ["sh", "-c", "command -v rtj-launch; id -u; "
+    image = built["trainer-cpu"]
+    listing = images.run_container(image, ["sh", "-c", "command -v rtj-launch; id -u; "
                                          "python -c 'import importlib.util as u; print(u.find_spec(\"triton\"))'"])
     assert listing.stdout.split() == ["/usr/local/bin/rtj-launch", "1000", "None"], listing.stdout + listing.stderr
     script = (
@@ -69,7 +69,7 @@ def test_trainer_cpu_image_all_reduces_over_gloo_on_two_ranks(built: dict[str, I
         "dist.all_reduce(t)\n"
         "print('rank', dist.get_rank(), 'sum', t.item())\n"
         "dist.destroy_process_group()\n")
-    result = images.run_container(ref, ["sh", "-c", "cat > /tmp/all_reduce.py && torchrun --nproc-per-node=2 "
+    result = images.run_container(image, ["sh", "-c", "cat > /tmp/all_reduce.py && torchrun --nproc-per-node=2 "
                                         "--master-addr=127.0.0.1 --master-port=29500 /tmp/all_reduce.py"],
                                   env={"GLOO_SOCKET_IFNAME": "lo"}, stdin=script, timeout=150)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -4,7 +4,8 @@ One cluster with two nodes for the whole module. What is asserted is what a user
 sees: Ready nodes, running pods with logs and exec, pod-to-pod by headless DNS name across nodes, a
 ClusterIP Service, limits in the pod's cgroups, a dead node going NotReady with its pods left as
 Kubernetes leaves them, a partitioned node whose containers keep running, and a host (sysctls, links,
-addresses, routes, firewall rules, cgroups, mounts) exactly as it was before the cluster existed.
+addresses, routes, firewall rules, default runtime paths) exactly as it was before the cluster existed,
+with none of its cgroups, mounts or namespaces left.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import wait_for
-from e2e.realnodes import RealCluster
+from e2e.realnodes import RealCluster, cgroups
 from e2e.realnodes import config as rn_config
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -53,7 +54,7 @@ def test_kubelet_config_never_touches_the_hosts_globals() -> None:
     assert (cfg["makeIPTablesUtilChains"], cfg["protectKernelDefaults"]) == (False, False)
     assert cfg["cgroupDriver"] == "cgroupfs" and cfg["failCgroupV1"] is False
     assert cfg["cgroupRoot"] == "/rtj/x/n1" and cfg["clusterDNS"] == ["10.100.0.1"]
-    proxy = rn_config.kube_proxy_config(Path("/kc"), "10.100.0.1")
+    proxy = rn_config.kube_proxy_config(Path("/kc"), "10.100.0.1", "n1")
     assert proxy["conntrack"]["maxPerCore"] == 0 and proxy["conntrack"]["tcpEstablishedTimeout"] == "0s"
     assert 'restrict_oom_score_adj = true' in rn_config.containerd_config(Path("/n"), "pause:1", Path("/n/cni"))
 
@@ -82,7 +83,6 @@ def host_state() -> dict[str, Any]:
         "iptables": [line for line in _run("iptables-save").splitlines() + _run("ip6tables-save").splitlines()
                      if not line.startswith(("#", ":"))],
         "nft": re.sub(r"packets \d+ bytes \d+", "", _run("nft", "list", "ruleset")),  # counters move
-        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/rtj/*")),
         # What a kubelet or containerd would leave at their default paths (the node's mount namespace hides them).
         "files": sorted(str(p) for d in ("/run", "/var/lib", "/var/log", "/etc") for p in Path(d).iterdir()
                         if p.name in ("containerd", "cni", "kubelet", "pods", "containers", "kubernetes")),
@@ -160,6 +160,9 @@ def test_pod_runs_logs_and_exec(real: dict[str, Any]) -> None:
     wait_for(lambda: "started on hello" in c.kubectl("logs", "-n", NS, "hello", check=False).stdout, 20,
              "kubectl logs")
     assert "started on hello" in c.pod_log(NS, "hello")
+    # The container's root is its image on an overlay, not the machine's (/usr is the host's, not busybox's).
+    root = c.kubectl("exec", "-n", NS, "hello", "--", "sh", "-c", "ls /; grep ' / / ' /proc/self/mountinfo").stdout
+    assert "overlay" in root and "usr" not in root.split(), root
     out = c.kubectl("exec", "-n", NS, "hello", "--", "cat", "/etc/resolv.conf").stdout
     assert f"nameserver {c.dns_address}" in out and f"search {NS}.svc.cluster.local" in out
 
@@ -216,6 +219,24 @@ def test_limits_are_enforced_by_cgroups(real: dict[str, Any]) -> None:
 
 @pytest.mark.cluster
 @needs_root
+def test_host_path_volumes_stay_inside_the_cluster(real: dict[str, Any]) -> None:
+    c: RealCluster = real["cluster"]
+    pod = busybox_pod(c, "writer", "n1", "echo ckpt > /ck/step-7 && echo x > /elsewhere/x", restartPolicy="Never",
+                      volumes=[{"name": "ck", "hostPath": {"path": "/rtj-checkpoints/rn", "type": "DirectoryOrCreate"}},
+                               {"name": "else", "hostPath": {"path": "/rtj-not-shared", "type": "DirectoryOrCreate"}}],
+                      container={"volumeMounts": [{"name": "ck", "mountPath": "/ck"},
+                                                  {"name": "else", "mountPath": "/elsewhere"}]})
+    c.apply(pod)
+    wait_for(lambda: (c.get("pod", "writer", NS) or {}).get("status", {}).get("phase") == "Succeeded", 60,
+             "writer Succeeded")
+    # A shared root is the cluster's host_path (what every node sees: an RWX volume) ...
+    assert c.host_path("/rtj-checkpoints/rn/step-7").read_text() == "ckpt\n"
+    # ... and any other hostPath is the node's own, never the host's root filesystem.
+    assert not Path("/rtj-not-shared").exists()
+
+
+@pytest.mark.cluster
+@needs_root
 def test_partitioned_node_goes_not_ready_while_its_containers_run(real: dict[str, Any]) -> None:
     c: RealCluster = real["cluster"]
     c.apply(busybox_pod(c, "ticker", "n2", "exec sleep 3600"))
@@ -261,8 +282,10 @@ def test_killed_node_goes_not_ready_and_its_pods_stay(real: dict[str, Any]) -> N
              .get("Ready") == "False", 20, "pod marked not Ready by the node controller")
     del ready
     # The machine boots again: the kubelet reconciles and the node is Ready.
+    t = time.monotonic()
     c.restore_node("n1")
-    assert c.node_ready("n1")
+    real["timings"]["restore -> Ready"] = round(time.monotonic() - t, 2)
+    assert c.node_ready("n1") and c.nodes["n1"].proc is not None and not c.nodes["n1"].killed
 
 
 @pytest.mark.cluster
@@ -277,3 +300,4 @@ def test_host_is_left_as_found(real: dict[str, Any]) -> None:
         assert after[key] == before[key], f"host {key} changed by the cluster's life"
     assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(c.dir) in line]
     assert not [ns for ns in _run("ip", "netns", "list").split() if ns.startswith(c.netns)]
+    assert not cgroups.leftovers(c.netns)  # (other clusters' node cgroups may come and go meanwhile)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,8 +38,11 @@ def hadolint() -> str | None:
 
 def dockerfiles() -> list[Path]:
     """Every Dockerfile in the repository (not in the venv or build trees)."""
-    return sorted(p for p in ROOT.rglob("Dockerfile*")
-                  if p.is_file() and not {".venv", ".git", "work"} & set(p.relative_to(ROOT).parts))
+    found = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in {".venv", ".git", "work", "__pycache__"}]
+        found += [Path(top, f) for f in files if f.startswith("Dockerfile")]
+    return sorted(found)
 
 
 def test_every_dockerfile_is_linted() -> None:
