@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from e2e import get_cluster, scenarios, support
@@ -89,11 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         finish(cluster, narrator, args.keep)
 
 
-def story(cluster: Any, job: dict[str, Any], narrator: Narrator, args: argparse.Namespace,
-          claim: Callable[[Any, str], None] = scenarios.shared_claim) -> int:
-    """Submit `job` (its claim made by `claim`), kill a node after its first complete checkpoint, narrate to the end."""
+def story(cluster: Any, job: dict[str, Any], narrator: Narrator, args: argparse.Namespace) -> int:
+    """Submit `job`, kill a node after its first complete checkpoint, narrate the recovery to the end."""
     workers = job["spec"]["replicas"]
-    claim(cluster, NS)
+    scenarios.shared_claim(cluster, NS)
     say(f"kubectl apply -f examples/job.yaml  ({workers} workers, min 2, {args.steps} steps, checkpoint every 5)")
     cluster.apply(job)
     narrator.start()
@@ -137,7 +135,7 @@ def real_nodes(args: argparse.Namespace) -> int:
         say(f"namespace {NS} enforces Pod Security 'restricted'")
         job = lane.lane_job(NAME, NS, replicas=len(lane.TRAIN_NODES), steps=args.steps, checkpoint_every=5,
                             step_delay=0.3)
-        return story(cluster, job, narrator, args, claim=lane.shared_claim)
+        return story(cluster, job, narrator, args)
     finally:
         finish(cluster, narrator, args.keep, "python -m e2e.realnodes down")
 

@@ -156,35 +156,13 @@ def create_namespace(cluster: RealCluster, name: str, labels: dict[str, str] | N
     cluster.wait_for_default_sa(name)
 
 
-def shared_claim(cluster: RealCluster, namespace: str) -> None:
-    """scenarios.shared_claim's RWX claim, its PV naming the shared directory by its absolute host path.
-
-    A real node resolves a hostPath in its own mount namespace, where the host's paths (not the process
-    substrate's per-cluster /rtj-checkpoints) are what every node has in common; `cluster.host_path(HOST_DIR)`,
-    under the cluster's directory, is one, so every node and this test process see the same checkpoint tree
-    and nothing lands on the host's /.
-    """
-    pv = f"{namespace}-{scenarios.CLAIM}"
-    cluster.apply([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-         "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain",
-                  "hostPath": {"path": str(cluster.host_path(support.HOST_DIR)), "type": "Directory"},
-                  "claimRef": {"namespace": namespace, "name": scenarios.CLAIM}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-         "metadata": {"name": scenarios.CLAIM, "namespace": namespace},
-         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
-                  "resources": {"requests": {"storage": "10Gi"}}}},
-    ])  # fmt: skip
-
-
 def install_operator(cluster: RealCluster, image: images.ImageRef, log_level: str = "DEBUG") -> None:
     """helm install the chart running `image` (pullPolicy Never: imported, not pulled) on the infra node."""
     shared = cluster.host_path(support.HOST_DIR)
     shared.mkdir(parents=True, exist_ok=True)
     shared.chmod(0o1777)  # workers run as their image's non-root user; each job gets its own root inside
     create_namespace(cluster, support.OPERATOR_NS)
-    shared_claim(cluster, support.OPERATOR_NS)  # the operator's (read-only) view of the same storage
+    scenarios.shared_claim(cluster, support.OPERATOR_NS)  # the operator's (read-only) view of the same storage
     repository, _, tag = image.ref.rpartition(":")
     cluster.helm("install", support.RELEASE, str(support.CHART), "--namespace", support.OPERATOR_NS,
                  "--wait", "--timeout", "180s",
@@ -219,8 +197,8 @@ def job_namespace(lane: Lane, name: str) -> Iterator[str]:
         yield name
     finally:
         cl.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        for node, handle in cl.real_nodes.items():
-            if handle.partitioned:
+        for node, handle in cl.nodes.items():
+            if getattr(handle, "partitioned", False):
                 cl.heal_node(node)
             if handle.killed:
                 cl.restore_node(node, timeout=90)
