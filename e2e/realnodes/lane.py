@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -59,6 +60,7 @@ def _timed(timings: dict[str, float], key: str, started: float) -> None:
 # committed layers are only ever overlay lowerdirs (never written), content blobs are immutable, so
 # sharing their inodes is safe. The seed keeps no layer blobs: the CRI creates containers from the
 # unpacked snapshots and unpacks only when one is missing (containerd's discard_unpacked_layers relies on it).
+KEEP_SEEDS = 2  # a seed is ~3.4 GB (the CPU trainer unpacked, the operator)
 _SEED_DBS = ("io.containerd.metadata.v1.bolt/meta.db", "io.containerd.snapshotter.v1.overlayfs/metadata.db")
 
 
@@ -72,6 +74,7 @@ def node_seed(refs: Sequence[images.ImageRef]) -> Path:
     with open(images.CACHE / ".lane-seed.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several worktrees share the cache; the loser reuses the seed
         if (seed / "root").is_dir():
+            os.utime(seed)  # most recently used: the last to be pruned
             return seed / "root"
         tmp = seed.with_name(seed.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,9 +92,11 @@ def node_seed(refs: Sequence[images.ImageRef]) -> Path:
         for digest in layers:  # unreferenced now; containerd's GC would only delete them later
             (tmp / "root" / "io.containerd.content.v1.content" / "blobs" / "sha256" / digest.split(":")[1]).unlink(
                 missing_ok=True)
-        for stale in images.CACHE.glob("lane-seed-*"):
-            if stale.is_dir() and stale not in (tmp, seed):
-                shutil.rmtree(stale, ignore_errors=True)
+        # Worktrees with other images share the cache: keep the KEEP_SEEDS most recently used, not only ours.
+        others = sorted((d for d in images.CACHE.glob("lane-seed-*") if d.is_dir() and d not in (tmp, seed)
+                         and not d.name.endswith(".tmp")), key=lambda d: d.stat().st_mtime, reverse=True)
+        for stale in others[KEEP_SEEDS - 1:]:
+            shutil.rmtree(stale, ignore_errors=True)
         keep = tmp / "root"
         for other in tmp.iterdir():  # the scratch containerd's state, socket and log: not the disk
             if other.is_dir() and not other.is_symlink() and other != keep:
