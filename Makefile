@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo help venv binaries lint test test-unit test-cluster chart bench clean
 
-demo: venv binaries ## The demo: a training job survives a node loss on a local cluster (DEMO_ARGS=--keep|--kind)
+demo: venv binaries ## The demo: a training job survives a node loss on a local cluster (DEMO_ARGS=--keep|--kind|--real-nodes)
 	$(PY) -m e2e.demo $(DEMO_ARGS)
 
 help: ## List the targets

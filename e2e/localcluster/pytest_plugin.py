@@ -36,6 +36,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
         ensure_node_binaries()  # kubelet, kube-proxy, CoreDNS, pause (e2e/realnodes)
         ensure_images()
+    # Images from our Dockerfiles a module names in IMAGES (a cold build takes minutes: not in a test's timeout).
+    wanted_images = sorted({n for i in wanted for n in getattr(getattr(i, "module", None), "IMAGES", ())})
+    if wanted_images:
+        from e2e import images
+
+        images.ensure_images(wanted_images)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -53,6 +53,9 @@ DEFAULT_LIMITS = Limits()
 
 
 RECORD, DICT_CLASS, VALUE_CLASS = "record", "dict", "value"  # what calling a `Global` builds
+# Enum members pickle as getattr(EnumClass, "NAME") on some CPythons (Debian bookworm's 3.11.2; 3.11.7 pickles
+# EnumClass(value)): DCP's _MEM_FORMAT_ENCODING in TensorProperties. Only (allow-listed class, plain name) is read.
+MEMBER = "member"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ _DCP_MODULES = frozenset({
     "torch.distributed.checkpoint._extension",
 })  # fmt: skip
 _DICT_GLOBALS = frozenset({("collections", "OrderedDict")})
+_MEMBER_GLOBALS = frozenset({("builtins", "getattr")})
 _VALUE_GLOBALS = frozenset({("torch", "Size"), ("torch.serialization", "_get_layout"), ("torch._utils", "_get_layout")})
 _INERT_GLOBALS = frozenset({
     ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex"),
@@ -136,6 +140,8 @@ def _resolve(module: Any, name: Any) -> Global:
         return Global(f"{module}.{name}", DICT_CLASS)
     if key in _VALUE_GLOBALS:
         return Global(f"{module}.{name}", VALUE_CLASS)
+    if key in _MEMBER_GLOBALS:
+        return Global(f"{module}.{name}", MEMBER)
     if key in _INERT_GLOBALS:
         return Global(f"{module}.{name}")
     if module in _DCP_MODULES and name.isidentifier() and not name.startswith("__"):
@@ -241,6 +247,12 @@ class _Interpreter:
             if args or kwargs:
                 raise MalformedMetadata(".metadata builds an OrderedDict in a way DCP never does")
             return self.new({})
+        if kind == MEMBER:  # getattr(allow-listed class, "NAME"): a token by name, nothing is looked up
+            if kwargs or len(args) != 2 or type(args[0]) is not Global or args[0].kind != RECORD \
+                    or type(args[1]) is not str or not args[1].isidentifier() or args[1].startswith("__") \
+                    or len(args[1]) > _MAX_NAME:
+                raise UnsafeMetadata("it calls getattr on something other than an allow-listed class")
+            return Global(f"{args[0].qualname}.{args[1]}")
         return args[0] if len(args) == 1 else args  # VALUE_CLASS: torch.Size(tuple), _get_layout(name)
 
     def build(self, target: Any, state: Any) -> None:
