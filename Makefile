@@ -40,8 +40,8 @@ test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts
 test-cluster: venv binaries ## The tests against the local Kubernetes control plane
 	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
-test: venv binaries lint ## Everything CI runs: lint, then every test (unit, chart, trainer, cluster, chaos)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv binaries lint ## Everything CI runs: lint, then every test: the cluster lane and the unit lane side by side
+	bash hack/test_lanes.sh $(PY) $(PYTEST_ARGS)
 
 chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)
