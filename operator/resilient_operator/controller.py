@@ -149,7 +149,7 @@ def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> N
     if patch:
         cache.wrote_job(kube.write_status(obj, patch))
     try:
-        fan_out([partial(_render_and_create, kube, cache, render) for render in plan.create])
+        _create_all(kube, cache, plan.create)
     except _Rejected as exc:  # admission, quota, an invalid template: say so, once per reconcile
         message = f"cannot create {exc.what}: {_api_message(exc.error)}"
         kube.emit_event(obj, "Warning", c.REASON_CREATE_REJECTED, message)
@@ -190,8 +190,26 @@ class _Rejected(Exception):
         self.what, self.error = what, error
 
 
+def _create_all(kube: Kube, cache: ClusterCache, renders: list[Render]) -> None:
+    """The objects before the first pod (the rendezvous Service, the budget) one by one, then the pods together.
+
+    A refused Service must stop the pods: the next reconcile sees ranks missing and creates both again, while
+    a gang created without its Service would never get one."""
+    pending = iter(renders)
+    for render in pending:
+        manifest = render()
+        if manifest["kind"] == "Pod":
+            fan_out([partial(_create_checked, kube, cache, manifest),
+                     *(partial(_render_and_create, kube, cache, r) for r in pending)])
+            return
+        _create_checked(kube, cache, manifest)
+
+
 def _render_and_create(kube: Kube, cache: ClusterCache, render: Render) -> None:
-    manifest = render()
+    _create_checked(kube, cache, render())
+
+
+def _create_checked(kube: Kube, cache: ClusterCache, manifest: dict[str, Any]) -> None:
     try:
         _create(kube, cache, manifest)
     except ApiException as exc:

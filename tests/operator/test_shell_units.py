@@ -168,3 +168,26 @@ def test_the_pod_cache_keeps_everything_the_operator_reads_and_drops_the_rest() 
     assert views.pod_view(stored) == whole
     assert "containers" not in stored["spec"] and "affinity" not in stored["spec"]
     assert len(json.dumps(stored)) < len(json.dumps(pod)) / 2
+
+
+class _RefusingServices(_RefusingKube):
+    """RBAC refuses Services (403); pods would be accepted."""
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        self.created.append(manifest["metadata"]["name"])
+        if manifest["kind"] == "Service":
+            raise ApiException(status=403, reason="Forbidden")
+        return True
+
+
+def test_a_refused_service_stops_the_pods_so_the_next_reconcile_creates_both() -> None:
+    kube = _RefusingServices()
+    cache = ClusterCache(client.ApiClient(), ("team",), notify=lambda *_: None)
+    service = functools.partial(lambda: {"kind": "Service", "metadata": {"namespace": "team", "name": "j"}})
+    pods = [functools.partial(lambda i: {"kind": "Pod", "metadata": {"namespace": "team", "name": f"j-a1-{i}"}}, i)
+            for i in range(4)]
+    job = {"metadata": {"namespace": "team", "name": "j"}, "status": {}}
+    with pytest.raises(ApiException):
+        apply(kube, cache, job, Plan(status={}, create=[service, *pods]))  # type: ignore[arg-type]
+    assert kube.created == ["j"]  # no pod of a gang whose Service is missing
+    assert [reason for reason, _ in kube.events] == ["CreateRejected"]
