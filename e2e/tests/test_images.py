@@ -67,7 +67,7 @@ def test_trainer_cpu_image_all_reduces_over_gloo_on_two_ranks(built: dict[str, I
         "dist.init_process_group('gloo')\n"
         "t = torch.tensor([float(dist.get_rank() + 1)])\n"
         "dist.all_reduce(t)\n"
-        "print('rank', dist.get_rank(), 'sum', t.item())\n"
+        "os.write(1, f'rank {dist.get_rank()} sum {t.item()}\\n'.encode())  # one write: ranks share stdout\n"
         "dist.destroy_process_group()\n")
     result = images.run_container(image, ["sh", "-c", "cat > /tmp/all_reduce.py && torchrun --nproc-per-node=2 "
                                         "--master-addr=127.0.0.1 --master-port=29500 /tmp/all_reduce.py"],
