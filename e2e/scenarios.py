@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.support import HOST_DIR, MOUNT, get_job, job_pods
-from resilient_contract import layout
+from e2e.support import HOST_DIR, MOUNT, events, get_job, job_pods, wait_phase
+from resilient_contract import layout, lineage
 from resilient_operator import constants as c
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,3 +166,23 @@ def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
     num = sum(float(torch.linalg.vector_norm(a[k].double() - b[k].double()) ** 2) for k in a)
     den = sum(float(torch.linalg.vector_norm(a[k].double()) ** 2) for k in a)
     return (num / den) ** 0.5
+
+
+def fenced_gang_outcome(cluster: Any, ns: str, name: str, node: str, root: Path, uid: str,
+                        reference_model: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """After a partition, what a user sees once the job ends: a FencedGangWriting event names the cut-off
+    node, attempt 1's late write is in the history, the newest complete checkpoint was written by attempt 2
+    (never by the fenced gang). Returns the final status and the final model's distance from the reference."""
+    import torch
+
+    story = wait_for(lambda: [e for e in events(cluster, ns, name) if e.startswith(c.REASON_FENCED_WRITER)], 60,
+                     "a FencedGangWriting event")
+    assert node in story[0], story
+    final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    assert any(h.get("lateWrite") for h in final["history"] if h["attempt"] == 1), final["history"]
+    latest = layout.discover(str(root), job=uid).latest
+    assert latest is not None
+    writer = lineage.parse_writer((Path(latest.path) / lineage.WRITER_FILE).read_bytes())
+    assert writer == (uid, 2), (latest, writer)
+    state = torch.load(root.with_suffix(".pt"), weights_only=False)
+    return final, relative_difference(reference_model, state["model"])

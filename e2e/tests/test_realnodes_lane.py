@@ -193,7 +193,6 @@ def test_a_partitioned_gang_keeps_training_but_never_commits_after_the_fence(
     """The kubelet is stopped (SIGSTOP), the containers keep running: the operator fences the old gang and
     relaunches elsewhere; the old gang's next save finds attempt 2's mark and is refused, a
     FencedGangWriting event names the node, and the lineage's newest checkpoint is attempt 2's."""
-    import torch
 
     cl, name = lane.cluster, "cutoff"
     job = submit(lane, ns, name, replicas=1, min_replicas=1, nprocPerNode=2, checkpoint_every=4, step_delay=1.5,
@@ -211,16 +210,6 @@ def test_a_partitioned_gang_keeps_training_but_never_commits_after_the_fence(
     assert old_pids and all(Path(f"/proc/{p}").exists() for p in old_pids), "the cut-off gang died with its kubelet"
     wait_for((root / lineage.marker_name(uid, 2)).exists, 120, "attempt 2's fence mark")
     wait_for(lambda: any(root.glob(f"step-*/{lineage.REFUSED_FILE}")), 120, "a refused save of the old gang")
-    story = wait_for(lambda: [e for e in events(cl, ns, name) if e.startswith(c.REASON_FENCED_WRITER)], 60,
-                     "a FencedGangWriting event")
-    assert node in story[0], story
-    final = wait_phase(cl, ns, name, c.SUCCEEDED, 300)
-    assert any(h.get("lateWrite") for h in final["history"] if h["attempt"] == 1), final["history"]
-    latest = layout.discover(str(root), job=uid).latest
-    assert latest is not None
-    writer = lineage.parse_writer((Path(latest.path) / lineage.WRITER_FILE).read_bytes())
-    assert writer == (uid, 2), (latest, writer)
-    state = torch.load(root.with_suffix(".pt"), weights_only=False)
-    diff = scenarios.relative_difference(reference["model"], state["model"])
+    _, diff = scenarios.fenced_gang_outcome(cl, ns, name, node, root, uid, reference["model"])
     print(f"\nafter a partitioned gang on real nodes: final model vs reference {diff:.2e}")
     assert diff <= TOLERANCE
