@@ -10,20 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 
 from .binaries import ensure_binaries
-from .cluster import Cluster, down
-
-
-def _newest() -> Path:
-    base = Path(os.environ.get("RTJ_CLUSTER_BASE", "/tmp/rtj-clusters"))
-    dirs = sorted(base.glob("*/cluster.json"), key=lambda p: p.stat().st_mtime)
-    if not dirs:
-        sys.exit(f"no cluster under {base}")
-    return dirs[-1].parent
+from .cluster import Cluster, down, newest_dir
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,11 +37,11 @@ def main(argv: list[str] | None = None) -> None:
             c.add_node(f"node-{i + 1}", gpus=args.gpus)
         print(f"export KUBECONFIG={c.kubeconfig}\n# logs: {c.dir}\n# stop: python -m e2e.localcluster down {c.dir}")
     elif args.cmd == "down":
-        d = Path(args.dir) if args.dir else _newest()
+        d = Path(args.dir) if args.dir else newest_dir()
         down(d)
         print(f"stopped {d} (logs kept)")
     else:
-        d = Path(args.dir) if args.dir else _newest()
+        d = Path(args.dir) if args.dir else newest_dir()
         print(json.dumps(json.loads((d / "cluster.json").read_text()), indent=2))
 
 

@@ -643,6 +643,15 @@ class Cluster(ClusterTools):
         return ""
 
 
+def newest_dir() -> Path:
+    """The most recently written cluster directory (what `down`/`status` act on when given none)."""
+    base = Path(os.environ.get("RTJ_CLUSTER_BASE", "/tmp/rtj-clusters"))
+    dirs = sorted(base.glob("*/cluster.json"), key=lambda p: p.stat().st_mtime)
+    if not dirs:
+        sys.exit(f"no cluster under {base}")
+    return dirs[-1].parent
+
+
 def down(cluster_dir: Path | str) -> None:
     """Tear down a cluster from its directory (cluster.json), e.g. one started detached."""
     info = json.loads((Path(cluster_dir) / "cluster.json").read_text())

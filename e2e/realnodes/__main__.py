@@ -8,20 +8,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
+
+from e2e.localcluster.cluster import newest_dir
 
 from .binaries import ensure_images, ensure_node_binaries
 from .cluster import RealCluster, down
-
-
-def _newest() -> Path:
-    base = Path(os.environ.get("RTJ_CLUSTER_BASE", "/tmp/rtj-clusters"))
-    dirs = sorted(base.glob("*/cluster.json"), key=lambda p: p.stat().st_mtime)
-    if not dirs:
-        sys.exit(f"no cluster under {base}")
-    return dirs[-1].parent
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"export KUBECONFIG={c.kubeconfig}\n# images: {c.images}\n# logs: {c.dir}\n"
               f"# stop: python -m e2e.realnodes down {c.dir}")
     else:
-        d = Path(args.dir) if args.dir else _newest()
+        d = Path(args.dir) if args.dir else newest_dir()
         down(d)
         print(f"stopped {d} (logs kept)")
 
