@@ -18,6 +18,7 @@ from .binaries import ensure_binaries
 failed_key = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: a lane without cluster tests builds nothing
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     """Build the binaries before any test runs when cluster tests are selected (no timeout applies)."""

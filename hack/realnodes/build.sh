@@ -40,6 +40,14 @@ if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$ST
   exit 0
 fi
 
+# One builder at a time (two test lanes or worktrees may ask at once); the loser reuses the winner's build.
+mkdir -p "${CACHE}/bin"
+exec 9>"${CACHE}/bin/.${KEY}.lock"
+flock 9
+if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
+  echo "$BIN"; exit 0
+fi
+
 export GOFLAGS="${GOFLAGS:--trimpath}"
 export CGO_ENABLED=0
 export GOGC="${GOGC:-200}"

@@ -28,6 +28,12 @@ OUT="${CACHE}/images/realnodes-${KEY}"
 if [[ "$mode" == "--print-dir" ]]; then echo "$OUT"; exit 0; fi
 if [[ -f "$OUT/.stamp" ]]; then echo "cached: $OUT" >&2; echo "$OUT"; exit 0; fi
 
+# One builder at a time (two test lanes may ask at once); the loser reuses the winner's build.
+mkdir -p "${CACHE}/images"
+exec 9>"${CACHE}/images/.realnodes-${KEY}.lock"
+flock 9
+if [[ -f "$OUT/.stamp" ]]; then echo "$OUT"; exit 0; fi
+
 # A storage of our own (vfs: no overlay mounts left on the host), never the machine's shared one.
 STORE="${CACHE}/build/realnodes-images"
 buildah() { command buildah --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs "$@"; }
