@@ -10,7 +10,10 @@ request at a time over its stdin/stdout as JSON lines. The answer is a plain-dat
 A call that overruns its deadline gets `DiscoveryTimedOut`, and its worker is killed and replaced; a
 worker that dies (CPU limit, OOM kill) gives `DiscoveryFailed`. Either way the root is not tried again
 for a cooldown (six deadlines) and the same answer is returned at once, so a handful of hostile jobs
-cannot keep every worker busy: a healthy job waits at most one deadline for a free worker.
+cannot keep every worker busy: a healthy job waits at most one deadline for a free worker. A replacement
+is started as soon as its predecessor is gone, so its start-up overlaps the wait for it. Start-up is never
+blamed on a root: a call whose worker is still starting (a loaded node), like one that found every worker
+busy, answers `DiscoveryBusy`, holds nothing back, and the reconcile simply asks again soon.
 
 A worker says when it is ready (`READY`); `warm` (at operator start) waits for that outside any call, and
 with object-store areas configured a worker also loads the S3 client before it is ready. An `s3://` root
@@ -105,7 +108,7 @@ class DiscoveryPool:
         try:
             worker = self._slots.get(timeout=timeout)
         except queue.Empty:
-            return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
+            return _failed(root, layout.REASON_DISCOVERY_BUSY,
                            f"every checkpoint discovery worker stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
@@ -144,54 +147,71 @@ class DiscoveryPool:
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
               starts: Sequence[tuple[int, int | None]] = (),
               s3: S3Credentials | None = None) -> tuple[layout.Listing, _Worker | None]:
+        """Answer one request on `worker` (or a fresh one); the listing and the worker to put back in its slot
+        (a replacement, already starting, when this one had to go)."""
         self._reap()
         # Keys travel on the worker's stdin, never its command line (visible to every process on the node).
         message: dict[str, Any] = {"root": root, "area": area, "job": job, "starts": list(starts)}
         if s3 is not None:
             message["s3"] = dataclasses.asdict(s3)
         request = json.dumps(message).encode() + b"\n"
-        reused = worker is not None and worker.proc.poll() is None
-        if not reused:
+        timeout = self.config.timeout_seconds
+        deadline = time.monotonic() + timeout
+        # An idle worker can die for reasons of its own (killed between calls): a ready one that answers
+        # nothing gets one fresh try.
+        retry = worker is not None and worker.ready and worker.proc.poll() is None
+        if worker is None or worker.proc.poll() is not None:
+            if worker is not None:
+                self._kill(worker)
             worker = self._spawn()
-        if worker is None:
-            return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
-        line = self._exchange(worker, request)
-        if line == b"" and reused:
-            # An idle worker can die for reasons of its own (killed between calls): one fresh try.
-            self._kill(worker)
-            worker = self._spawn()
+        while True:
             if worker is None:
                 return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
-            line = self._exchange(worker, request)
+            if not worker.ready:
+                started = _read_line(worker.proc, deadline)
+                if started is None:  # not this root's doing: the worker keeps starting for the next call
+                    return _failed(root, layout.REASON_DISCOVERY_BUSY,
+                                   f"a checkpoint discovery worker is still starting after {timeout:g} s "
+                                   "(a loaded node?); discovery will be retried"), worker  # fmt: skip
+                if started != READY:
+                    why = _death(worker.proc)
+                    self._kill(worker)
+                    return _failed(root, layout.REASON_DISCOVERY_FAILED,
+                                   f"a checkpoint discovery worker {why} while starting"), self._spawn()
+                worker.ready = True
+            line = self._exchange(worker, request, deadline)
+            if line == b"" and retry:
+                retry = False
+                self._kill(worker)
+                worker = self._spawn()
+                continue
+            break
         if line is None:
             self._kill(worker)
             return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
-                           f"checkpoint discovery took longer than {self.config.timeout_seconds:g} s "
-                           "(slow or hanging storage?)"), None  # fmt: skip
+                           f"checkpoint discovery took longer than {timeout:g} s "
+                           "(slow or hanging storage?)"), self._spawn()  # fmt: skip
         if not line:
             why = _death(worker.proc)
             self._kill(worker)
-            return _failed(root, layout.REASON_DISCOVERY_FAILED, f"the checkpoint discovery worker {why}"), None
+            return (_failed(root, layout.REASON_DISCOVERY_FAILED, f"the checkpoint discovery worker {why}"),
+                    self._spawn())
         try:
             answer = json.loads(line)
             listing = layout.Listing.from_dict(answer["listing"])
             recycle = bool(answer.get("recycle"))
         except (ValueError, KeyError, TypeError):
             self._kill(worker)
-            return _failed(root, layout.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"), None
+            return (_failed(root, layout.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"),
+                    self._spawn())
         if recycle:
             self._retire(worker)
-            return listing, None
+            return listing, self._spawn()
         return listing, worker
 
-    def _exchange(self, worker: _Worker, request: bytes) -> bytes | None:
-        """Send one request; the answer line, b"" if the worker died, None past the deadline."""
-        deadline = time.monotonic() + self.config.timeout_seconds
-        if not worker.ready:  # a worker started inside this call: its start-up counts (a slot is held at most
-            hello = _read_line(worker.proc, deadline)  # one deadline); `warm` starts them outside any call
-            if hello is None or hello != READY:
-                return hello if hello is None else b""
-            worker.ready = True
+    @staticmethod
+    def _exchange(worker: _Worker, request: bytes, deadline: float) -> bytes | None:
+        """Send one request to a ready worker; the answer line, b"" if the worker died, None past the deadline."""
         worker.calls += 1
         try:
             assert worker.proc.stdin is not None

@@ -279,6 +279,33 @@ def test_overrun_is_killed_replaced_and_held(mount: Path, template: Path, neighb
         p.close()
 
 
+def test_a_replacement_is_started_as_soon_as_its_predecessor_is_killed(mount: Path, template: Path) -> None:
+    p = DiscoveryPool(settings(mount, timeout_seconds=1.0, workers=1))
+    try:
+        p.warm()
+        (before,) = p.pids()
+        assert timed(p, slow_root(mount, template), bound=1.0 + SLACK).reason == layout.REASON_DISCOVERY_TIMED_OUT
+        (after,) = p.pids()  # already starting, before any other call asks for it
+        assert after != before
+    finally:
+        p.close()
+
+
+def test_a_slow_worker_start_up_is_not_blamed_on_the_root(mount: Path, neighbour: Path) -> None:
+    """A worker that needs longer than the deadline to start (a loaded node) answers DiscoveryBusy: the healthy
+    root is not held back for a cooldown, and the next call is served by the same worker, started by then."""
+    slow_start = ("sh", "-c", 'sleep 1.5; exec "$0" "$@"')
+    p = DiscoveryPool(settings(mount, timeout_seconds=1.0, workers=1), prefix=slow_start)
+    try:
+        busy = timed(p, neighbour, "tenant-b", bound=1.0 + SLACK)
+        assert busy.reason == layout.REASON_DISCOVERY_BUSY and "still starting" in (busy.error or ""), busy
+        (starting,) = p.pids()
+        assert_neighbour_fine(p, neighbour)
+        assert p.pids() == [starting]
+    finally:
+        p.close()
+
+
 def test_memory_limit_ends_in_a_reason_not_a_crash(mount: Path, template: Path, neighbour: Path) -> None:
     p = DiscoveryPool(settings(mount, timeout_seconds=30.0, workers=1, memory_bytes=64 << 20))
     try:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from resilient_contract import completion, environment
-from resilient_contract.layout import Listing, Verdict
+from resilient_contract.layout import REASON_DISCOVERY_BUSY, Listing, Verdict
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView, fencing, reconcile, render
 from resilient_operator.core.timeutil import fmt
@@ -53,6 +53,8 @@ LOST_LEASE = {"n3": dict(lease_age=25.0)}
 ALL4 = {f"demo-a1-{r}" for r in range(4)}
 SUCCESS_MESSAGE = completion.format_message(completion.SUCCEEDED, step=40, attempt=1, world_size=4)
 RESUMED_9 = (f"{CKPT_ROOT}/step-0000000009", 9)
+BUSY = Listing(CKPT_ROOT, None, (), "every checkpoint discovery worker stayed busy for 5 s",
+               reason=REASON_DISCOVERY_BUSY)
 
 
 def nodes_with(count: int, **changes: dict[str, Any]) -> dict[str, NodeView]:
@@ -201,6 +203,9 @@ ROWS = [
         listing=listing(error="checkpoint root /ckpt/demo is not readable (permission denied)"),
         phase=c.RESTARTING, events={c.REASON_STORAGE_UNREADABLE},
         status={"conditions.CheckpointStorageReady": "False"}),
+    Row("discovery workers busy or starting: no launch, the storage condition untouched, no event",
+        job(running_status(phase=c.RESTARTING, latestCheckpoint={"path": "x", "step": 5})), [], healthy(4),
+        listing=BUSY, phase=c.RESTARTING, status={"conditions.CheckpointStorageReady": None}),
     Row("missing root after checkpoints were seen: wait", job(running_status(phase=c.RESTARTING,
         latestCheckpoint={"path": "x", "step": 5})), [], healthy(4),
         listing=listing(error="gone", missing=True), phase=c.RESTARTING),
@@ -379,6 +384,13 @@ def test_unsettled_failure_asks_to_look_again_soon() -> None:
     pods = four_running(r0=dict(phase="Failed", exit_code=1, finished_ago=0.5))
     plan = reconcile(job(running_status()), pods, nodes_with(4, n3=dict(lease_age=3.0)), listing(), NOW)
     assert plan.requeue_after == pytest.approx(1.0)
+
+
+def test_busy_discovery_asks_again_within_a_second_and_says_nothing() -> None:
+    """The operator's own workers were busy: a relaunch waits about a second, not the storage retry's 15 s."""
+    plan = reconcile(job(running_status(phase=c.RESTARTING)), [], healthy(4), BUSY, NOW)
+    assert plan.requeue_after is not None and plan.requeue_after <= 1.0
+    assert plan.events == []
 
 
 def test_backoff_doubles() -> None:

@@ -50,6 +50,9 @@ REASON_ROOT_OUTSIDE_AREA = "RootOutsideNamespaceArea"
 REASON_ROOT_SYMLINK = "CheckpointRootSymlink"
 REASON_DISCOVERY_TIMED_OUT = "DiscoveryTimedOut"
 REASON_DISCOVERY_FAILED = "DiscoveryFailed"
+# The operator's discovery workers were all busy, or one was still starting: nothing is known about the root
+# (it is not blamed, not held back), and discovery is simply tried again soon.
+REASON_DISCOVERY_BUSY = "DiscoveryBusy"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -52,6 +52,8 @@ from resilient_operator.core.timeutil import fmt, parse
 CHECKPOINT_POLL_SECONDS = 10.0
 # An unreadable checkpoint root is retried this often; a fix to a volume sends no event either.
 STORAGE_RETRY_SECONDS = 15.0
+# The operator's own discovery workers were busy or still starting: nothing is known of the root, ask again soon.
+DISCOVERY_BUSY_RETRY_SECONDS = 1.0
 MAX_SKIPPED_EVENTS = 3
 # A pod failed while a node may be dying: recheck this often until the nodes prove alive or are lost.
 UNSETTLED_RECHECK_SECONDS = 1.0
@@ -309,6 +311,9 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
 
 def _observe_checkpoints(ctx: _Ctx) -> None:
     listing, st = ctx.listing, ctx.status
+    if listing.reason == layout.REASON_DISCOVERY_BUSY:  # not the storage's doing: its condition stays as it is
+        ctx.plan.look_again(DISCOVERY_BUSY_RETRY_SECONDS)
+        return
     if listing.error and not listing.missing:
         reason = listing.reason or c.REASON_STORAGE_UNREADABLE
         advice = _STORAGE_ADVICE.get(reason, "the job will not restart until the checkpoint root is readable by "
