@@ -21,7 +21,7 @@ from e2e import images
 from e2e.images import ImageRef
 
 pytestmark = [
-    pytest.mark.cluster, pytest.mark.slow,
+    pytest.mark.cluster, pytest.mark.own_cluster, pytest.mark.slow,
     pytest.mark.skipif(os.geteuid() != 0, reason="buildah, runc and containerd need root"),
 ]
 

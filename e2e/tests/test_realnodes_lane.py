@@ -39,7 +39,7 @@ from e2e.support import (
 from resilient_contract import environment, layout, lineage
 from resilient_operator import constants as c
 
-pytestmark = [pytest.mark.cluster,
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster,
               pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (namespaces, cgroups, containerd)")]
 REAL_NODES = True  # e2e/localcluster/pytest_plugin.py builds the node binaries and images at collection
 IMAGES = ("operator", "trainer-cpu")  # ... and these images from our Dockerfiles (e2e/images.py)

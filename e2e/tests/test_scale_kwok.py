@@ -9,7 +9,7 @@ import pytest
 
 from e2e.kwokcluster import KwokCluster, run_scale
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]
 NODES, JOBS, WORKERS, KILL = 100, 200, 2, 10
 
 
