@@ -88,7 +88,10 @@ def test_each_epoch_visits_every_sample_once(dataset: TokenFile) -> None:
 
 def test_a_jump_in_position_restarts_and_workers_keep_order(dataset: TokenFile) -> None:
     state = TrainState(seed=1, global_batch=6)
-    loader = GlobalBatchLoader(dataset, state, world_size=1, rank=0, micro_batch=4, num_workers=1)
+    # spawned, not forked: a worker forked from this multi-threaded test process can deadlock on a lock
+    # another thread held at fork time (seen in CI: the worker hung in torch's seeding)
+    loader = GlobalBatchLoader(dataset, state, world_size=1, rank=0, micro_batch=4, num_workers=1,
+                               multiprocessing_context="spawn")
     step0 = [window_ids(mb.data) for mb in loader.micro_batches()]
     state.advance()
     step1 = [window_ids(mb.data) for mb in loader.micro_batches()]

@@ -17,7 +17,9 @@ An *empty* micro-batch (a slot past B, when B is not a multiple of world size * 
 one real sample and `weight == loss_scale == 0`: run forward/backward anyway so every rank issues the
 same collectives. The plumbing is a plain `DataLoader` (batch_sampler = `StepSampler`), so
 `num_workers`, `pin_memory` and `collate_fn` work as usual; its iterator is kept across steps and
-rebuilt when the position jumps (a resume). Shuffling holds one permutation of len(dataset) int64s per
+rebuilt when the position jumps (a resume). Workers are forked by default, and a worker forked while
+another thread holds a lock (an async checkpoint upload, a metrics exporter) can hang for good: pass
+`multiprocessing_context="forkserver"` (the dataset and collate_fn must then pickle). Shuffling holds one permutation of len(dataset) int64s per
 rank (8 bytes per sample); pass `shuffle=False` for a dataset that is already shuffled on disk.
 """
 
