@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 LOG = logging.getLogger("node-agent")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = Path(__file__).with_name("launcher.py")
+# A sandbox or volume that cannot be set up yet is retried with backoff, as the kubelet retries
+# FailedCreatePodSandBox and FailedMount, while the pod stays ContainerCreating.
+SETUP_RETRY_FIRST, SETUP_RETRY_MAX = 0.5, 4.0
 
 
 class ProbeState:
@@ -421,18 +424,27 @@ class PodRuntime(threading.Thread):
             if self.rebooted:
                 for ctr in self.containers:
                     ctr.restart_count += 1
-            try:
-                self.setup()
-            except Exception as exc:
-                LOG.exception("sandbox %s/%s", self.ns, self.pod_name)
-                for ctr in self.containers:
-                    ctr.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)[:1000]}}
-                self.send_status()
-                while not (self.deleting or self.removed.is_set()):
-                    self.wake.wait(1)
-                    self.wake.clear()
+            self.setup_until_ready()
             self.main_loop()
         self.terminate()
+
+    def setup_until_ready(self) -> None:
+        """Set the sandbox up, retrying until it works or the pod is deleted. Such failures are mostly
+        transient: the node authorizer lets a node read a pod's claim only once it has seen the pod bound
+        there (a 403 for a moment after scheduling), or the API server is restarting."""
+        delay = SETUP_RETRY_FIRST
+        while not (self.deleting or self.removed.is_set()):
+            try:
+                self.setup()
+                return
+            except Exception as exc:  # the kubelet's FailedMount / FailedCreatePodSandBox: an event, a retry
+                LOG.warning("sandbox %s/%s not ready, retrying in %.1fs: %s", self.ns, self.pod_name, delay,
+                            str(exc)[:300])
+            deadline = time.monotonic() + delay
+            while not (self.deleting or self.removed.is_set()) and (left := deadline - time.monotonic()) > 0:
+                self.wake.wait(left)
+                self.wake.clear()
+            delay = min(delay * 2, SETUP_RETRY_MAX)
 
     def main_loop(self) -> None:
         """Run containers until the pod is terminal or deleted."""

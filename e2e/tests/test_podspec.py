@@ -212,3 +212,32 @@ def test_exit_codes_and_probe_ports() -> None:
     c = {"ports": [{"name": "http", "containerPort": 8080}]}
     assert podspec.probe_port({"httpGet": {"port": "http"}}, c) == 8080
     assert podspec.probe_port({"tcpSocket": {"port": 99}}, c) == 99
+
+
+@pytest.mark.timeout(20)
+def test_a_sandbox_that_fails_to_set_up_is_retried_until_it_works_as_the_kubelet_does() -> None:
+    """A PVC read refused for a moment (the node authorizer has not seen the binding yet) costs a retry,
+    not a CreateContainerConfigError: the kubelet retries FailedMount while the pod stays ContainerCreating."""
+    import threading
+
+    from e2e.localcluster.kubeapi import ApiError
+    from e2e.localcluster.pod_runtime import PodRuntime
+
+    runtime = PodRuntime.__new__(PodRuntime)
+    runtime.ns, runtime.pod_name, runtime.pod = "t", "w-0", {"metadata": {}}
+    runtime.removed, runtime.wake = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def setup() -> None:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ApiError(403, "persistentvolumeclaims is forbidden: User system:node:w1 cannot get")
+
+    runtime.setup = setup  # type: ignore[method-assign]
+    runtime.setup_until_ready()
+    assert len(calls) == 3
+
+    runtime.removed.set()  # deleted while retrying: the worker stops trying
+    calls.clear()
+    runtime.setup_until_ready()
+    assert calls == []
