@@ -19,8 +19,9 @@ same collectives. The plumbing is a plain `DataLoader` (batch_sampler = `StepSam
 `num_workers`, `pin_memory` and `collate_fn` work as usual; its iterator is kept across steps and
 rebuilt when the position jumps (a resume). Workers are forked by default, and a worker forked while
 another thread holds a lock (an async checkpoint upload, a metrics exporter) can hang for good: pass
-`multiprocessing_context="forkserver"` (the dataset and collate_fn must then pickle). Shuffling holds one permutation of len(dataset) int64s per
-rank (8 bytes per sample); pass `shuffle=False` for a dataset that is already shuffled on disk.
+`multiprocessing_context="forkserver"` (the dataset and collate_fn must then pickle). Shuffling holds
+one permutation of len(dataset) int64s per rank (8 bytes per sample); pass `shuffle=False` for a
+dataset that is already shuffled on disk.
 """
 
 from __future__ import annotations
