@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+SCALE_ARGS ?= --nodes 100 --jobs 100 --workers 8 --kill 10
 
-.PHONY: demo help venv binaries lint test test-unit test-cluster chart bench clean
+.PHONY: demo help venv binaries lint test test-unit test-cluster chart bench bench-scale clean
 
 demo: venv binaries ## The demo: a training job survives a node loss on a local cluster (DEMO_ARGS=--keep|--kind|--real-nodes)
 	$(PY) -m e2e.demo $(DEMO_ARGS)
@@ -49,6 +50,9 @@ chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-val
 bench: venv ## Print the benchmark tables (checkpoint discovery, checkpoint save/load)
 	$(PY) bench/discovery_bench.py
 	$(PY) bench/checkpoint_bench.py
+
+bench-scale: venv binaries ## The KWOK scale benchmark (SCALE_ARGS="--nodes 1000 --jobs 2000 --workers 8 --kill 100 --timeout 2700")
+	$(PY) bench/scale_bench.py --substrate kwok $(SCALE_ARGS)
 
 clean: ## Remove the venv and caches in the tree (the binary cache in ~/.cache stays)
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
