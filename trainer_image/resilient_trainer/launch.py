@@ -305,8 +305,22 @@ def main_local(extra: Sequence[str], script: Sequence[str]) -> int:
         return _run_torchrun(local_torchrun_args(opts.nproc_per_node, rest, script), attempt, log_path)
 
 
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """`--help` before any `--`, or as the only word: ours to answer (a script's own `--help` follows `--`)."""
+    argv = list(argv)
+    ours = argv[: argv.index("--")] if "--" in argv else argv[:1]
+    return any(a in HELP_FLAGS for a in ours)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    extra, script = split_argv(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
+    extra, script = split_argv(argv)
     if not script:
         print(USAGE, file=sys.stderr)
         return 2
