@@ -64,7 +64,7 @@ def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, A
     return obj, job, pods, nodes, listing
 
 
-def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
+def read_progress(job: Job, pods: list[PodView], now: datetime | None = None) -> list[Progress]:
     """The launchers' reports for the pods of the job's current attempt (bounded reads; hostile input)."""
     root = job.spec.checkpoint_root
     root = urlparse(root).path if root.startswith("file://") else root
@@ -73,17 +73,22 @@ def read_progress(job: Job, pods: list[PodView]) -> list[Progress]:
     attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
     out = []
     for pod in pods:
-        if job.problem or pod.attempt != attempt or not root:
-            continue
+        if job.problem or pod.attempt != attempt or not root or pod.owner_uid != job.uid:
+            continue  # only the job's own pods (by uid, never labels): a stray pod's report is nobody's
         report = progress.read_report(root, pod.name)
         if report is None or report.attempt != pod.attempt:
             continue
         out.append(Progress(pod=pod.name, attempt=report.attempt, step=report.step,
-                            updated=datetime.fromtimestamp(report.time, UTC), step_seconds=report.step_seconds,
+                            updated=_epoch(report.time, now), step_seconds=report.step_seconds,
                             slowest_rank=report.slowest_rank,
-                            first_step_at=datetime.fromtimestamp(report.first_step_at, UTC)
-                            if report.first_step_at else None))
+                            first_step_at=_epoch(report.first_step_at, now) if report.first_step_at else None))
     return out
+
+
+def _epoch(seconds: float, now: datetime | None) -> datetime:
+    """A launcher's epoch seconds (bounded by the parser) as a time, never later than the operator's now."""
+    when = datetime.fromtimestamp(min(seconds, progress.MAX_EPOCH), UTC)
+    return min(when, now) if now is not None else when
 
 
 def observe_workload(cache: ClusterCache, job: Job) -> WorkloadView | None:
@@ -290,7 +295,7 @@ def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
             job = with_priority(cache, obj, job)
             workload = observe_workload(cache, job)
         now = cache.clock.now()  # the clock the lease probes were timed with
-        reports = read_progress(job, pods) if not listing.error else []  # only under a root discovery accepted
+        reports = read_progress(job, pods, now) if not listing.error else []  # only under a root discovery accepted
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
                          config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue)
         apply(kube, cache, obj, plan)

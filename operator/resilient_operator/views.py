@@ -208,6 +208,11 @@ def _stand_in(raw: Any) -> JobSpec:
     )
 
 
+def _text(value: Any, limit: int = 4096) -> str:
+    """A string field of a pod's status, bounded (the kubelet keeps termination messages to 4 KiB)."""
+    return value[-limit:] if isinstance(value, str) else ""
+
+
 def _int(value: Any, default: Any = None) -> Any:
     """A label, annotation or field as an int; anyone who can edit the object can write anything there."""
     if isinstance(value, bool):
@@ -216,6 +221,16 @@ def _int(value: Any, default: Any = None) -> Any:
         return int(str(value)) if value is not None else default
     except ValueError:
         return default
+
+
+INT32_MAX = 2**31 - 1
+MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout names
+
+
+def _bounded(value: Any, lo: int, hi: int, default: Any = None) -> Any:
+    """`_int`, and `default` unless within [lo, hi]: whatever lands in status must fit its int64 fields."""
+    parsed = _int(value, default) if value is None or len(str(value)) <= 24 else default
+    return parsed if parsed is default or (isinstance(parsed, int) and lo <= parsed <= hi) else default
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:
@@ -247,16 +262,17 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         state = cs.get("state") or {}
         if "terminated" in state:
             t = state["terminated"] or {}
-            terms.append(Termination(_int(t.get("exitCode"), 0), t.get("reason") or "", t.get("message") or "",
+            terms.append(Termination(_bounded(t.get("exitCode"), -INT32_MAX, INT32_MAX, 0), _text(t.get("reason")),
+                                     _text(t.get("message")),
                                      timeutil.parse(t.get("finishedAt"))))
         elif "waiting" in state:
             waiting.append((state["waiting"] or {}).get("reason") or "")
     resume_path = annotations.get(c.ANNOTATION_RESUME_FROM)
-    resume_step = _int(annotations.get(c.ANNOTATION_RESUME_STEP))
+    resume_step = _bounded(annotations.get(c.ANNOTATION_RESUME_STEP), 0, MAX_STEP)
     return PodView(
         name=meta["name"],
-        attempt=_int(labels.get(c.LABEL_ATTEMPT), 0),
-        rank=_int(labels.get(c.LABEL_RANK), -1),
+        attempt=_bounded(labels.get(c.LABEL_ATTEMPT), 0, INT32_MAX, 0),
+        rank=_bounded(labels.get(c.LABEL_RANK), 0, INT32_MAX, -1),
         node_name=(obj.get("spec") or {}).get("nodeName"),
         phase=status.get("phase") or "Pending",
         deleting=bool(meta.get("deletionTimestamp")),
@@ -267,7 +283,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         waiting_reasons=tuple(waiting),
         ready=ready,
         owner_uid=controller_uid(meta),
-        launch_replicas=_int(annotations.get(c.ANNOTATION_REPLICAS)),
+        launch_replicas=_bounded(annotations.get(c.ANNOTATION_REPLICAS), 1, INT32_MAX),
         ready_since=ready_since,
         launch_resume=LaunchResume(resume_path, resume_step)
         if isinstance(resume_path, str) and resume_step is not None

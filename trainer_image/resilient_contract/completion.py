@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,10 @@ HUNG = "RTJ_HUNG"  # no step for the progress timeout: the launcher ended the po
 KINDS = (SUCCEEDED, PREEMPTED, HUNG)
 COMPLETED_MARKER_FILE = "_RTJ_COMPLETED"  # in the checkpoint root; never matches a step directory
 MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4096 bytes
+MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout can name (layout.STEP_DIGITS): within int64
+MAX_SECONDS = 10.0**7  # ~116 days: longer "stalled" or "timeout" claims are not believed
+_ASCII_INT = re.compile(r"[0-9]{1,18}", re.ASCII)
+_ASCII_DECIMAL = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,27 @@ class Outcome:
     @property
     def succeeded(self) -> bool:
         return self.kind == SUCCEEDED
+
+    def int_field(self, key: str, limit: int = MAX_STEP) -> int | None:
+        """A field as an int in [0, limit], ASCII digits only; None when absent or not one (hostile input:
+        the message is written by the tenant's container)."""
+        return bounded_int(self.fields.get(key), limit)
+
+    def seconds_field(self, key: str, limit: float = MAX_SECONDS) -> float | None:
+        """A field as non-negative seconds (`12` or `12.5`, ASCII) no larger than `limit`, else None."""
+        text = self.fields.get(key)
+        if text is None or not _ASCII_DECIMAL.fullmatch(text):
+            return None
+        value = float(text)
+        return value if value <= limit else None
+
+
+def bounded_int(text: str | None, limit: int = MAX_STEP) -> int | None:
+    """`text` as an int in [0, limit] if it is 1 to 18 ASCII digits (so within int64), else None."""
+    if text is None or not _ASCII_INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if value <= limit else None
 
 
 def termination_log_path(environ: Mapping[str, str] | None = None) -> str | None:
@@ -74,6 +100,7 @@ def parse_message(text: str | None) -> Outcome | None:
     """The outcome in a termination message (the last line that carries one), or None."""
     if not text:
         return None
+    text = text[-MAX_MESSAGE_BYTES:]  # the kubelet keeps at most this much; never parse more
     for line in reversed(text.strip().splitlines()):
         words = line.split()
         if words and words[0] in KINDS:

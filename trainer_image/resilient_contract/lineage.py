@@ -37,6 +37,8 @@ REFUSED_FILE = ".rtj-refused"  # left by a fenced gang in a directory whose save
 LOCAL_JOB = "local"
 MAX_TOKEN_BYTES = 512  # both files are tiny; anything longer is not ours
 MAX_MARKS = 256  # the newest marks of a job that discovery reads
+MAX_ATTEMPT = 10**9 - 1  # what a 9-digit writer token can name
+MAX_STEP = 10**10 - 1  # what a 10-digit step directory can name
 _JOB = r"[A-Za-z0-9][A-Za-z0-9-]{0,63}"
 _MARKER_RE = re.compile(rf"^{MARKER_PREFIX}({_JOB})-(\d{{10}})$")
 _WRITER_RE = re.compile(rf"^attempt=(\d{{1,9}}) job=({_JOB})\s*$")
@@ -73,9 +75,10 @@ def parse_marker(data: bytes | None) -> tuple[str, int, int | None] | None:
     job, attempt, resumed = doc.get("job"), doc.get("attempt"), doc.get("resumed_step")
     if not isinstance(job, str) or job_id(job) != job:
         return None
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= MAX_ATTEMPT:
         return None
-    if resumed is not None and (not isinstance(resumed, int) or isinstance(resumed, bool) or resumed < 0):
+    if resumed is not None and (not isinstance(resumed, int) or isinstance(resumed, bool)
+                                or not 0 <= resumed <= MAX_STEP):
         return None
     return job, attempt, resumed
 

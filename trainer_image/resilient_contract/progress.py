@@ -23,6 +23,11 @@ from typing import Any
 
 DIRNAME = "_RTJ_PROGRESS"  # in the checkpoint root; never matches a step directory
 MAX_REPORT_BYTES = 4096
+# Every number in a report is bounded where it is parsed: what a datetime, an int64 status field and the
+# checkpoint layout can hold. Anything outside is not a report.
+MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime can hold
+MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout names (layout.STEP_DIGITS)
+MAX_ATTEMPT = 2**31 - 1
 RANK_DIR_ENV = "RTJ_PROGRESS_DIR"  # set by the launcher for its ranks: a pod-local directory
 TIMEOUT_ENV = "RTJ_PROGRESS_TIMEOUT_SECONDS"  # injected from spec.progressTimeoutSeconds; absent: no watchdog
 
@@ -56,6 +61,8 @@ def write_report(checkpoint_root: str, report: Report) -> None:
 def _num(value: Any, lo: float, hi: float) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int) and not lo <= value <= hi:  # float() of a 4000-digit int raises
+        return None
     v = float(value)
     return v if math.isfinite(v) and lo <= v <= hi else None
 
@@ -66,15 +73,16 @@ def parse_report(raw: bytes, pod: str) -> Report | None:
         return None
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deeply nested arrays
         return None
     if not isinstance(data, dict) or data.get("pod") != pod:
         return None
-    attempt, step, when = (_num(data.get(k), 0, 2**53) for k in ("attempt", "step", "time"))
+    attempt, step = _num(data.get("attempt"), 0, MAX_ATTEMPT), _num(data.get("step"), 0, MAX_STEP)
+    when = _num(data.get("time"), 0, MAX_EPOCH)
     if attempt is None or step is None or when is None:
         return None
-    rank = _num(data.get("slowestRank"), 0, 2**31)
-    return Report(pod, int(attempt), int(step), when, _num(data.get("firstStepAt"), 0, 2**53),
+    rank = _num(data.get("slowestRank"), 0, MAX_ATTEMPT)
+    return Report(pod, int(attempt), int(step), when, _num(data.get("firstStepAt"), 0, MAX_EPOCH),
                   _num(data.get("stepSeconds"), 0, 86400), int(rank) if rank is not None else None)
 
 

@@ -143,11 +143,13 @@ def hung(pods: Sequence[PodView]) -> Failure | None:
         for term in pod.terminations:
             outcome = completion.parse_message(term.message)
             if outcome and outcome.kind == completion.HUNG:
-                f = outcome.fields
-                step = int(f["step"]) if f.get("step", "").isdigit() else -1
-                stalled = f.get("stalled_s", "")
-                seconds = float(stalled) if stalled.replace(".", "", 1).isdigit() else 0.0
-                reports.append((step, -seconds, pod, f.get("rank", "?"), f.get("timeout_s", "?"), term.finished_at))
+                # Tenant-written (the container writes its termination message): bounded, ASCII, else unknown.
+                at = outcome.int_field("step")
+                seconds = outcome.seconds_field("stalled_s") or 0.0
+                who = outcome.int_field("rank", 2**31 - 1)
+                limit = outcome.seconds_field("timeout_s")
+                reports.append((-1 if at is None else at, -seconds, pod, "?" if who is None else str(who),
+                                "?" if limit is None else f"{limit:g}", term.finished_at))
     if not reports:
         return None
     step, neg_stalled, pod, rank, timeout, ended = min(reports, key=lambda r: (r[0], r[1], r[2].rank))
@@ -155,7 +157,10 @@ def hung(pods: Sequence[PodView]) -> Failure | None:
     message = (f"no training step for {timeout}s: hang at step {step}; rank {rank} (pod {pod.name} on node "
                f"{pod.node_name}) stopped first" + (f"; pods at that step: {', '.join(same)}" if len(same) > 1
                                                     else ""))
-    began = ended + timedelta(seconds=neg_stalled) if ended else None  # its last step: when progress stopped
+    try:  # its last step: when progress stopped
+        began = ended + timedelta(seconds=neg_stalled) if ended else None
+    except OverflowError:  # a finish time at the edge of the calendar
+        began = None
     return Failure(c.HANG, c.REASON_HANG, message, pod=pod.name, node=pod.node_name, occurred=began)
 
 

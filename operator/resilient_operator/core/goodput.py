@@ -101,8 +101,8 @@ def observe(status: MutableMapping[str, Any], attempt: int, reports: Sequence[Pr
         gp["stepSeconds"] = round(st, 4)
     resumed = int(entry.get("resumedStep", 0))
     firsts = [r.first_step_at for r in ours if r.first_step_at and r.step > resumed]
-    if "runningAt" in entry and firsts:
-        close(status, max(min(firsts), parse(entry["runningAt"]) or now))
+    if "runningAt" in entry and firsts:  # a launcher's clock, never believed past the operator's own
+        close(status, min(max(min(firsts), parse(entry["runningAt"]) or now), now))
     elif "runningAt" in entry and _secs(parse(entry["runningAt"]), now) >= NO_REPORT_CLOSE_SECONDS and not ours:
         close(status, parse(entry["runningAt"]) or now)
 
@@ -120,8 +120,11 @@ def close(status: MutableMapping[str, Any], first_step: datetime) -> None:
     if "launchedAt" in entry:
         steps = max(0, int(entry.get("reachedStep", 0)) - int(entry.get("resumedStep", 0)))
         gp["stepsRecomputed"] = int(gp.get("stepsRecomputed", 0)) + steps
+        # Steps and step times come from the tenant's reports: what they claim to have cost is clamped to the
+        # job's own wall time so far (no recomputation can take longer than the job has existed).
+        wall = _secs(parse(status.get("startTime")), first_step)
         gp["lost"]["recompute"] = round(float(gp["lost"].get("recompute", 0.0))
-                                        + steps * float(gp.get("stepSeconds") or 0.0), 2)
+                                        + min(steps * float(gp.get("stepSeconds") or 0.0), wall), 2)
     gp["recoveries"] = int(gp.get("recoveries", 0)) + 1
     gp.pop("asOf", None)  # totals moved: refresh the ratio now
 

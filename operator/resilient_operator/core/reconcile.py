@@ -659,8 +659,8 @@ def _account(ctx: _Ctx) -> None:
     for pod in ctx.current():
         for term in pod.terminations:
             outcome = completion.parse_message(term.message)
-            if outcome and outcome.fields.get("step", "").isdigit():
-                goodput.note_reached(st, int(outcome.fields["step"]))
+            if outcome and (step := outcome.int_field("step")) is not None:  # tenant-written: bounded
+                goodput.note_reached(st, step)
     goodput.observe(st, ctx.attempt, ctx.progress, ctx.now)
 
 

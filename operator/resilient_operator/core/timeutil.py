@@ -6,10 +6,13 @@ from datetime import UTC, datetime
 
 
 def parse(value: str | None) -> datetime | None:
-    if not value:
+    """A timestamp, or None when absent or not one (a pod's times and conditions are not ours to trust)."""
+    if not value or not isinstance(value, str) or len(value) > 64:
         return None
-    text = value.replace("Z", "+00:00")
-    parsed = datetime.fromisoformat(text)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
