@@ -264,7 +264,8 @@ def record(before: dict[str, Any], after: dict[str, Any], nodes: dict[str, NodeV
 
 def _newly_blamed(before: dict[str, Any], after: dict[str, Any]) -> bool:
     def times(st: dict[str, Any]) -> int:
-        return sum(len(e.get("failureTimes") or []) for e in st.get("badNodes") or [] if isinstance(e, dict))
+        # only attested blames (badnodes.py): a failure a tenant can forge never even triggers the LIST
+        return sum(len(e.get("attestedTimes") or []) for e in st.get("badNodes") or [] if isinstance(e, dict))
 
     return times(after) > times(before)
 

@@ -74,7 +74,8 @@ def test_application_failures_and_a_zero_hold_blame_nobody() -> None:
 
 
 def entries(node_name: str, *ages_s: float) -> dict[str, Any]:
-    return {"badNodes": [{"node": node_name, "failureTimes": [fmt(NOW - timedelta(seconds=a)) for a in ages_s]}]}
+    times = [fmt(NOW - timedelta(seconds=a)) for a in ages_s]
+    return {"badNodes": [{"node": node_name, "failureTimes": times, "attestedTimes": times}]}
 
 
 TEN = nodes(*(node(f"n{i}") for i in range(10)))
@@ -103,3 +104,59 @@ def test_cluster_wide_taint(name: str, statuses: list[dict[str, Any]], cluster: 
     assert [t.node for t in out] == tainted, name
     for t in out:
         assert KEY in t.message and "failures attributed" in t.message
+
+
+# ---- only signals a tenant cannot forge count cluster-wide (issue 25, item 3) ------------------------------
+HUNG_ON_N1 = "RTJ_HUNG step=7 rank=1 stalled_s=31 timeout_s=30 attempt=1"
+
+
+def _three_jobs(pods_for: Any, cluster: Any, rounds: int = 1) -> list[dict[str, Any]]:
+    """Three jobs pinned to the same nodes, each broken `rounds` times by what `pods_for` shows."""
+    statuses = []
+    for _ in range(3):
+        status: dict[str, Any] = {}
+        for i in range(rounds):
+            before = running_status(attempt=i + 1, **({"badNodes": status["badNodes"]} if status else {}))
+            status = reconcile(job(before), pods_for(i + 1), cluster, listing(5), NOW).status
+        statuses.append(status)
+    return statuses
+
+
+@pytest.mark.parametrize(
+    ("name", "pods_for", "rounds"),
+    [
+        ("a forged RTJ_HUNG written by the container", lambda a: gang(a, 4, r1=dict(
+            phase="Failed", exit_code=124, finished_ago=1.0, message=HUNG_ON_N1)), 1),
+        ("the tenant deleting its own pods", lambda a: gang(a, 4, r1=dict(deleting=True)), 2),
+        ("the tenant evicting its own pods (Eviction API)", lambda a: gang(a, 4, r1=dict(
+            disruption="EvictionByEvictionAPI")), 2),
+        ("a preemption by the tenant's own priorities", lambda a: gang(a, 4, r1=dict(
+            disruption="PreemptionByScheduler")), 2),
+    ],
+)
+def test_what_a_tenant_can_forge_never_taints_a_node_for_everyone(name: str, pods_for: Any, rounds: int) -> None:
+    statuses = _three_jobs(pods_for, healthy(4), rounds)
+    for st in statuses:  # each job still avoids the node itself
+        assert [e["node"] for e in st["badNodes"]] == ["n1"] and st["badNodes"][0]["avoided"], name
+        assert "attestedTimes" not in st["badNodes"][0], name
+    assert badnodes.to_taint(statuses, TEN, NOW, KEY, failures=3, window_seconds=3600, max_fraction=0.5) == [], name
+
+
+@pytest.mark.parametrize(
+    ("name", "pods_for", "cluster", "node_name"),
+    [
+        ("a lost node (stale lease)", lambda a: gang(a, 4), lost_n3(), "n3"),
+        ("a kubelet eviction (node pressure)", lambda a: gang(a, 4, r1=dict(phase="Failed", reason="Evicted")),
+         healthy(4), "n1"),
+        ("the taint manager's deletion", lambda a: gang(a, 4, r1=dict(disruption="DeletionByTaintManager")),
+         healthy(4), "n1"),
+    ],
+)
+def test_what_only_the_cluster_can_say_counts_towards_the_taint(name: str, pods_for: Any, cluster: Any,
+                                                                 node_name: str) -> None:
+    rounds = 1 if node_name == "n3" else 2
+    statuses = _three_jobs(pods_for, cluster, rounds)
+    every = nodes(*(node(f"n{i}") for i in range(10)))
+    out = badnodes.to_taint(statuses, every, NOW, KEY, failures=3, window_seconds=3600,
+                            max_fraction=0.5)
+    assert [t.node for t in out] == [node_name], name

@@ -7,9 +7,17 @@ and planned restarts blame nobody. `status.badNodes` lists each blamed node with
 failure times (bounded) and when the job stops avoiding it (`spec.badNodeSeconds` after the last failure);
 the pods' required node affinity excludes the active ones and capacity does not count them.
 
-Cluster-wide, the operator adds up the failure times of every job's entries: K within the window taint the
-node NoSchedule with a key of ours (an event on the Node says why), never more than a fraction of all nodes
-(a cluster-wide problem must not take the cluster down). Removing the taint is the admin's call.
+Cluster-wide, the operator adds up the *attested* failure times of every job's entries: K within the window
+taint the node NoSchedule with a key of ours (an event on the Node says why), never more than a fraction of
+all nodes (a cluster-wide problem must not take the cluster down). Removing the taint is the admin's call.
+
+Attested failures are those a tenant cannot forge: the node's lease went stale or it turned NotReady (node
+loss), or the kubelet or the control plane evicted or killed the pod (status.reason Evicted, NodeShutdown...;
+DisruptionTarget DeletionByTaintManager, DeletionByPodGC, TerminationByKubelet). A hang (`RTJ_HUNG` is a line
+the container writes), a deleted pod (the tenant may delete its own pods), an Eviction-API eviction (the
+tenant may evict its own pods) and a preemption (its own priorities) still make *that job* avoid the node,
+but never count towards tainting it for everyone: otherwise a few jobs pinned to one node could get any node
+tainted on their word alone (`attestedTimes` holds the attested subset of `failureTimes`).
 """
 
 from __future__ import annotations
@@ -30,8 +38,10 @@ MAX_TIMES = 5  # failure times kept per entry
 MAX_ENTRIES = 20
 
 
-def record(status: MutableMapping[str, Any], node: str, reason: str, now: datetime, hold_seconds: float) -> None:
-    """Count an infrastructure failure against `node` (its entry's expiry moves to now + hold)."""
+def record(status: MutableMapping[str, Any], node: str, reason: str, now: datetime, hold_seconds: float,
+           attested: bool = False) -> None:
+    """Count an infrastructure failure against `node` (its entry's expiry moves to now + hold); `attested`: the
+    signal came from the node's heartbeat, the kubelet or the control plane, so it may count cluster-wide."""
     if hold_seconds <= 0:
         return
     entries: list[dict[str, Any]] = status.setdefault("badNodes", [])
@@ -41,6 +51,8 @@ def record(status: MutableMapping[str, Any], node: str, reason: str, now: dateti
         entries.append(entry)
     times = [*entry.get("failureTimes", []), fmt(now)][-MAX_TIMES:]
     entry.update(reason=reason, failureTimes=times, expires=fmt(now + timedelta(seconds=hold_seconds)))
+    if attested:
+        entry["attestedTimes"] = [*entry.get("attestedTimes", []), fmt(now)][-MAX_TIMES:]
     entry["avoided"] = reason in IMMEDIATE or bool(entry.get("avoided")) or len(times) >= REPEATS
     entries.sort(key=lambda e: e.get("expires", ""))
     del entries[: max(0, len(entries) - MAX_ENTRIES)]
@@ -76,15 +88,17 @@ class Taint:
 
 def to_taint(statuses: Iterable[Mapping[str, Any]], nodes: Mapping[str, NodeView], now: datetime, key: str,
              failures: int, window_seconds: float, max_fraction: float) -> list[Taint]:
-    """Nodes to taint now: `failures` or more failure times within the window across all jobs' entries,
-    not yet tainted by us, and never past `max_fraction` of all nodes tainted by us."""
+    """Nodes to taint now: `failures` or more attested failure times within the window across all jobs'
+    entries, not yet tainted by us, and never past `max_fraction` of all nodes tainted by us."""
     since = now - timedelta(seconds=window_seconds)
     counts: dict[str, list[datetime]] = {}
     for status in statuses:
         for e in status.get("badNodes") or []:
             if not isinstance(e, Mapping) or not isinstance(e.get("node"), str):
                 continue
-            times = [t for raw in e.get("failureTimes") or [] if (t := parse(raw)) and t >= since]
+            raws = e.get("attestedTimes")
+            times = [t for raw in raws if isinstance(raw, str) and (t := parse(raw)) and t >= since] \
+                if isinstance(raws, list) else []
             counts.setdefault(e["node"], []).extend(times)
     tainted = {n for n, v in nodes.items() if any(t.key == key for t in v.taints)}
     room = math.floor(max_fraction * len(nodes)) - len(tainted)

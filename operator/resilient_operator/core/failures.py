@@ -26,6 +26,10 @@ _INFRA_POD_REASONS = {
     "Terminated": c.REASON_NODE_LOST,
     "UnexpectedAdmissionError": c.REASON_EVICTED,
 }
+# Signals only the kubelet or the control plane can give (a tenant's container cannot write them, and a
+# tenant cannot cause them with its own pods): only these count towards a cluster-wide taint (badnodes.py).
+_ATTESTED_POD_REASONS = frozenset(_INFRA_POD_REASONS)  # status.reason: written by the kubelet
+_ATTESTED_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC", "TerminationByKubelet"})
 _DISRUPTION_REASONS = {
     "PreemptionByScheduler": c.REASON_PREEMPTED,
     "PreemptionByKubeScheduler": c.REASON_PREEMPTED,
@@ -51,6 +55,7 @@ class Failure:
     exit_code: int | None = None
     lost_nodes: tuple[str, ...] = ()
     occurred: datetime | None = None  # the last sign of life before it, when known better than the exit
+    attested: bool = False  # the node's heartbeat, the kubelet or the control plane says so: not the tenant
 
 
 def finished_ok(pod: PodView) -> bool:
@@ -98,16 +103,16 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
         victim = min((p for p in pods if p.node_name == names[0]), key=lambda p: p.rank)
         message = "; ".join(lost[n].message for n in names)
         return Failure(c.INFRASTRUCTURE, c.REASON_NODE_LOST, message, pod=victim.name, node=names[0],
-                       lost_nodes=tuple(names))
+                       lost_nodes=tuple(names), attested=True)
     for pod in sorted(pods, key=lambda p: p.rank):
         if pod.disruption:
             reason = _DISRUPTION_REASONS.get(pod.disruption, c.REASON_DISRUPTED)
             return Failure(c.INFRASTRUCTURE, reason, f"pod {pod.name} disrupted: {pod.disruption}",
-                           pod=pod.name, node=pod.node_name)
+                           pod=pod.name, node=pod.node_name, attested=pod.disruption in _ATTESTED_DISRUPTIONS)
         if pod.phase == "Failed" and pod.reason in _INFRA_POD_REASONS:
             return Failure(c.INFRASTRUCTURE, _INFRA_POD_REASONS[pod.reason],
                            f"pod {pod.name} {pod.reason}: {pod.message}".rstrip(": "),
-                           pod=pod.name, node=pod.node_name)
+                           pod=pod.name, node=pod.node_name, attested=pod.reason in _ATTESTED_POD_REASONS)
         if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)

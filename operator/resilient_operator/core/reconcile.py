@@ -719,8 +719,9 @@ def _blame(ctx: _Ctx, failure: failures.Failure) -> None:
         return
     before = set(ctx.bad_nodes())
     for node in failure.lost_nodes or ((failure.node,) if failure.node else ()):
-        reason = c.REASON_NODE_LOST if node in failure.lost_nodes else failure.reason
-        badnodes.record(ctx.status, node, reason, ctx.now, ctx.spec.bad_node_seconds)
+        lost = node in failure.lost_nodes
+        badnodes.record(ctx.status, node, c.REASON_NODE_LOST if lost else failure.reason, ctx.now,
+                        ctx.spec.bad_node_seconds, attested=lost or failure.attested)
     for node, until in sorted(ctx.bad_nodes().items()):
         if node not in before:
             ctx.event("Normal", c.REASON_AVOID_NODE, f"node {node} broke attempt {ctx.attempt} ({failure.reason}); "
