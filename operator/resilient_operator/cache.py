@@ -117,7 +117,7 @@ class ClusterCache:
         for ns in namespaces or ("",):
             job_list, pod_list = _list_calls(custom, core, ns)
             self.jobs.append(Informer(f"jobs{':' + ns if ns else ''}", job_list, transform=_strip_job,
-                                      handler=self._handler("jobs")))
+                                      index=views.root_key, handler=self._handler("jobs")))
             self.pods.append(Informer(f"pods{':' + ns if ns else ''}", pod_list, label_selector=c.LABEL_JOB,
                                       index=_pod_job, transform=strip_pod, handler=self._on_pod))
         self.nodes = Informer("nodes", core.list_node, transform=_strip_node, handler=self._on_node)
@@ -159,6 +159,10 @@ class ClusterCache:
             if (obj := inf.get((namespace, name))) is not None:
                 return obj
         return None
+
+    def jobs_with_root(self, root: str) -> list[Obj]:
+        """Every cached job whose checkpoint root normalizes to `root` (views.root_key), in any namespace."""
+        return [j for inf in self.jobs for j in inf.by_index(root)]
 
     def job_pods(self, namespace: str, name: str) -> list[Obj]:
         return [p for inf in self.pods for p in inf.by_index((namespace, name))]

@@ -59,6 +59,10 @@ def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, A
     nodes = cache.node_views()
     if job.problem:  # the core refuses the job; nothing to read
         return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
+    key = views.root_key(obj)
+    if key and (holder := views.root_holder(job, obj, cache.jobs_with_root(key))):
+        job = dataclasses.replace(job, root_in_use_by=holder)  # refused (RootInUse): nothing to read either
+        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, (), None, True)
     # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
     listing = discovery.discover(job.spec.checkpoint_root, namespace, job.uid, fencing.lineage_starts(job.status))
     return obj, job, pods, nodes, listing

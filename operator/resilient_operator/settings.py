@@ -90,7 +90,7 @@ class DiscoverySettings:
     def from_environ(cls, env: dict[str, str] | None = None) -> DiscoverySettings:
         env = dict(os.environ if env is None else env)
         mount = _abs_path(env.get("RTJ_CHECKPOINT_MOUNT") or "/checkpoints", "RTJ_CHECKPOINT_MOUNT")
-        return cls(
+        return check_areas(cls(
             checkpoint_mount=mount,
             storage_areas=_areas(env.get("RTJ_STORAGE_AREAS") or "{}"),
             timeout_seconds=_number(env, "RTJ_DISCOVERY_TIMEOUT_SECONDS", 5.0, float),
@@ -101,7 +101,51 @@ class DiscoverySettings:
             object_areas=object_areas(env.get("RTJ_OBJECT_STORE_AREAS") or "[]"),
             object_secrets_dir=_abs_path(env.get("RTJ_OBJECT_STORE_SECRETS_DIR") or OBJECT_STORE_SECRETS_DIR,
                                          "RTJ_OBJECT_STORE_SECRETS_DIR"),
-        )
+        ))
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p]
+
+
+def _nested(a: list[str], b: list[str]) -> bool:
+    """Is one of two component lists the other or below it?"""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def check_areas(settings: DiscoverySettings) -> DiscoverySettings:
+    """Refuse storage areas that overlap: one namespace's area equal to, inside or around another's would hand
+    it the other's checkpoints. Checked: the mapped areas (RTJ_STORAGE_AREAS) among themselves and against the
+    default area `<mount>/<namespace>` of every namespace they reach into; the object-store areas among
+    themselves (per endpoint). An area shared by several namespaces on purpose is one object-store entry
+    listing them all. SettingsError names both areas."""
+    mount = _parts(settings.checkpoint_mount)
+    mapped = sorted(settings.storage_areas.items())
+    for i, (ns, area) in enumerate(mapped):
+        parts = _parts(area)
+        for other, other_area in mapped[i + 1:]:
+            if _nested(parts, _parts(other_area)):
+                raise SettingsError(f"RTJ_STORAGE_AREAS: the areas of namespaces {ns} ({area}) and {other} "
+                                    f"({other_area}) overlap; give each namespace its own disjoint directory")
+        if len(parts) <= len(mount) and _nested(parts, mount):
+            raise SettingsError(f"RTJ_STORAGE_AREAS: the area of namespace {ns} ({area}) holds the whole checkpoint "
+                                f"mount {settings.checkpoint_mount}, so every other namespace's default area too")
+        if len(parts) > len(mount) and parts[: len(mount)] == mount:
+            owner = parts[len(mount)]
+            if owner != ns and owner not in settings.storage_areas and _DNS_LABEL_RE.match(owner):
+                raise SettingsError(f"RTJ_STORAGE_AREAS: the area of namespace {ns} ({area}) lies inside namespace "
+                                    f"{owner}'s default area ({posixpath.join(settings.checkpoint_mount, owner)}); "
+                                    "map it under a directory that cannot be a namespace name (e.g. _areas/)")
+    stores = sorted(settings.object_areas, key=lambda a: (a.endpoint or "", a.uri))
+    for i, a in enumerate(stores):
+        for b in stores[i + 1:]:
+            if (a.endpoint or "") == (b.endpoint or "") and _nested(_parts(a.uri[len(s3store.SCHEME):]),
+                                                                    _parts(b.uri[len(s3store.SCHEME):])):
+                raise SettingsError(f"RTJ_OBJECT_STORE_AREAS: the areas {a.uri} (namespaces {', '.join(a.namespaces)}) "
+                                    f"and {b.uri} (namespaces {', '.join(b.namespaces)}) overlap; list namespaces "
+                                    "that share an area on purpose in one entry")
+    return settings
 
 
 N = TypeVar("N", int, float)

@@ -9,7 +9,8 @@ controller ownerReference (uid), never a label.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -91,6 +92,7 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             placement=placement(template),
             progress_timeout=float(spec["progressTimeoutSeconds"]) if spec.get("progressTimeoutSeconds") else None,
             bad_node_seconds=float(spec.get("badNodeSeconds", 3600)),
+            share_root=spec["checkpoint"].get("shareRoot") is True,
         )
     except SpecProblem:
         raise
@@ -231,6 +233,44 @@ def _bounded(value: Any, lo: int, hi: int, default: Any = None) -> Any:
     """`_int`, and `default` unless within [lo, hi]: whatever lands in status must fit its int64 fields."""
     parsed = _int(value, default) if value is None or len(str(value)) <= 24 else default
     return parsed if parsed is default or (isinstance(parsed, int) and lo <= parsed <= hi) else default
+
+
+def root_key(obj: Mapping[str, Any]) -> str | None:
+    """A job's checkpoint root, normalized so that two spellings of one directory or prefix compare equal
+    (`file:///a/b/`, `/a//b` and `/a/b` are one root); None when the spec names none."""
+    spec = obj.get("spec")
+    checkpoint = spec.get("checkpoint") if isinstance(spec, Mapping) else None
+    root = checkpoint.get("root") if isinstance(checkpoint, Mapping) else None
+    if not isinstance(root, str) or not root:
+        return None
+    if root.startswith("s3://"):
+        return "s3://" + "/".join(p for p in root[5:].split("/") if p)
+    if root.startswith("file://"):
+        root = root[len("file://"):]
+    return posixpath.normpath("/" + root.lstrip("/"))
+
+
+def root_holder(job: Job, obj: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str | None:
+    """`namespace/name` of the oldest live job (not finished, not being deleted) that uses the same root as
+    this one and was created before it, unless both opted into sharing (spec.checkpoint.shareRoot)."""
+    meta = obj.get("metadata") or {}
+    mine = (str(meta.get("creationTimestamp") or ""), job.namespace, job.name)
+    holders = []
+    for other in others:
+        ometa = other.get("metadata") or {}
+        if ometa.get("uid") == job.uid or ometa.get("deletionTimestamp"):
+            continue
+        status = other.get("status")
+        if isinstance(status, Mapping) and status.get("phase") in c.TERMINAL_PHASES:
+            continue
+        checkpoint = (other.get("spec") or {}).get("checkpoint") or {}
+        if job.spec.share_root and isinstance(checkpoint, Mapping) and checkpoint.get("shareRoot") is True:
+            continue
+        theirs = (str(ometa.get("creationTimestamp") or ""), str(ometa.get("namespace") or ""),
+                  str(ometa.get("name") or ""))
+        if theirs < mine:
+            holders.append(theirs)
+    return f"{min(holders)[1]}/{min(holders)[2]}" if holders else None
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:

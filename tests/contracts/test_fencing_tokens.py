@@ -128,3 +128,32 @@ def test_an_unchanged_metadata_is_parsed_once(tmp_path: Path, template: Path, mo
     (path / layout.METADATA_FILE).write_bytes((path / layout.METADATA_FILE).read_bytes())  # rewritten: parse again
     layout.check_step(store, path.name)
     assert len(calls) == 2
+
+
+# ---- spoofing (issue 25, item 5) ----------------------------------------------------------------------------
+def test_a_forged_mark_past_the_operators_newest_attempt_is_ignored(tmp_path: Path, template: Path) -> None:
+    """A mark naming attempt 9 "from scratch" used to fence every directory, making the job restart from scratch."""
+    put(tmp_path, template, 20, writer=1)
+    mark(tmp_path, 1, None)
+    mark(tmp_path, 9, None)  # the operator launched attempt 1 only
+    found = latest(tmp_path, starts=((1, None),))
+    assert found.latest is not None and found.latest.step == 20
+
+
+def test_a_lying_writer_token_cannot_unfence_a_dead_gangs_directory(tmp_path: Path, template: Path) -> None:
+    """Attempt 1's cut-off gang saves step 30 after attempt 2 resumed from 20, and writes `attempt=99` in its
+    token to escape the fence: no attempt 99 was ever launched, so the directory is refused."""
+    put(tmp_path, template, 20, writer=1)
+    put(tmp_path, template, 30, writer=99)
+    found = latest(tmp_path, starts=((1, None), (2, 20)))
+    assert found.latest is not None and found.latest.step == 20
+    assert found.skipped[0].step == 30 and "never launched" in found.skipped[0].reason
+
+
+def test_step_and_mark_names_take_ascii_digits_only() -> None:
+    arabic = "\u0660" * 9 + "\u0661"  # Arabic-Indic 0000000001: re's \d and int() accept it
+    assert layout.parse_step_dir(f"step-{arabic}") is None
+    assert layout.parse_step_dir("step-0000000001.a\u0661") is None
+    assert layout.parse_step_dir("step-0000000001") == 1
+    assert lineage.parse_marker_name(f"{lineage.MARKER_PREFIX}{JOB}-{arabic}") is None
+    assert lineage.parse_writer(f"attempt=\u0661 job={JOB}".encode()) is None

@@ -38,7 +38,7 @@ STEP_DIR_PREFIX = "step-"
 STEP_DIGITS = 10
 # `step-<10 digits>`, or `step-<10 digits>.a<attempt>` when another attempt already held the plain name
 # (see lineage.py: no directory is ever shared by two attempts).
-_STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}(\d{{{STEP_DIGITS}}})(?:\.a(\d{{1,9}}))?$")
+_STEP_DIR_RE = re.compile(rf"^{STEP_DIR_PREFIX}([0-9]{{{STEP_DIGITS}}})(?:\.a([0-9]{{1,9}}))?$", re.ASCII)
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")  # a shard name we may echo in a message
 MAX_SHARD_FILES = 100_000
 
@@ -689,7 +689,9 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
         rule = None
         if job is not None:
             jid = lineage.job_id(job)
-            rule = lineage.Lineage.merge(jid, read_lineage(store, jid), starts)
+            starts = list(starts)  # marks and tokens past the operator's newest attempt are not believed
+            newest = max((a for a, _ in starts), default=None)
+            rule = lineage.Lineage.merge(jid, read_lineage(store, jid), starts, newest=newest)
         return scan(store, limits, rule, uri)
     except RootMissing as exc:
         return Listing(uri, None, (), str(exc), missing=True, reason=exc.reason)

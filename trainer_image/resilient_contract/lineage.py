@@ -40,8 +40,8 @@ MAX_MARKS = 256  # the newest marks of a job that discovery reads
 MAX_ATTEMPT = 10**9 - 1  # what a 9-digit writer token can name
 MAX_STEP = 10**10 - 1  # what a 10-digit step directory can name
 _JOB = r"[A-Za-z0-9][A-Za-z0-9-]{0,63}"
-_MARKER_RE = re.compile(rf"^{MARKER_PREFIX}({_JOB})-(\d{{10}})$")
-_WRITER_RE = re.compile(rf"^attempt=(\d{{1,9}}) job=({_JOB})\s*$")
+_MARKER_RE = re.compile(rf"^{MARKER_PREFIX}({_JOB})-([0-9]{{10}})$", re.ASCII)
+_WRITER_RE = re.compile(rf"^attempt=([0-9]{{1,9}}) job=({_JOB})\s*$", re.ASCII)
 
 
 def job_id(uid: str | None) -> str:
@@ -104,15 +104,19 @@ class Lineage:
 
     job: str
     starts: Mapping[int, int | None]
+    known: int | None = None  # the operator's newest attempt: marks and tokens past it name no real attempt
 
     @classmethod
-    def merge(cls, job: str, *sources: Iterable[tuple[int, int | None]]) -> Lineage:
-        """Later sources win for the same attempt (pass the operator's record last: it made the decision)."""
+    def merge(cls, job: str, *sources: Iterable[tuple[int, int | None]], newest: int | None = None) -> Lineage:
+        """Later sources win for the same attempt (pass the operator's record last: it made the decision).
+        With `newest` (the operator's newest launched attempt), a mark naming a later attempt is ignored: a forged
+        mark must not fence the job's own checkpoints."""
         starts: dict[int, int | None] = {}
         for source in sources:
             for attempt, resumed in source:
-                starts[attempt] = resumed
-        return cls(job, starts)
+                if newest is None or attempt <= newest:
+                    starts[attempt] = resumed
+        return cls(job, starts, newest)
 
     @property
     def newest(self) -> int:
@@ -132,6 +136,10 @@ class Lineage:
 
     def refusal(self, step: int, writer: tuple[str, int] | None) -> str | None:
         """Why the rule refuses this directory, or None if the lineage admits it."""
+        if writer is not None and writer[0] == self.job and self.known is not None and writer[1] > self.known:
+            # no such attempt was ever launched: a token that lies about its writer (to escape the fence)
+            return (f"its writer token names attempt {writer[1]}, which this job never launched (newest: "
+                    f"{self.known})")
         fence = self.fenced_by(step, writer)
         if fence is None or writer is None:
             return None

@@ -62,6 +62,7 @@ class JobSpec:
     placement: Placement
     progress_timeout: float | None = None  # spec.progressTimeoutSeconds: no step for this long is a hang
     bad_node_seconds: float = 3600.0  # spec.badNodeSeconds: how long a node that broke an attempt is avoided
+    share_root: bool = False  # spec.checkpoint.shareRoot: may share its root with other jobs that opt in too
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Job:
     problem: str | None = None  # the spec cannot be used as is: why, naming the field (spec is then a stand-in)
     queue_name: str | None = None  # the kueue.x-k8s.io/queue-name label: Kueue admits the job (core/queueing.py)
     priority: WorkloadPriority | None = None  # the WorkloadPriorityClass its label names, resolved by the shell
+    root_in_use_by: str | None = None  # `namespace/name` of an older live job using the same root (the shell's)
 
 
 @dataclass(frozen=True)

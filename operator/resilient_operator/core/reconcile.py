@@ -311,6 +311,14 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
 
 def _observe_checkpoints(ctx: _Ctx) -> None:
     listing, st = ctx.listing, ctx.status
+    if other := ctx.job.root_in_use_by:  # two gangs writing one root would resume from each other's saves
+        message = (f"checkpoint root {ctx.spec.checkpoint_root} is already used by live job {other}; no pods are "
+                   "created: give this job its own spec.checkpoint.root, or set spec.checkpoint.shareRoot: true "
+                   "on both jobs to share it on purpose")
+        if ctx.condition(c.COND_STORAGE, False, c.REASON_ROOT_IN_USE, message):
+            ctx.event("Warning", c.REASON_ROOT_IN_USE, message)
+        ctx.plan.look_again(STORAGE_RETRY_SECONDS)
+        return
     if listing.reason == layout.REASON_DISCOVERY_BUSY:  # not the storage's doing: its condition stays as it is
         ctx.plan.look_again(DISCOVERY_BUSY_RETRY_SECONDS)
         return
@@ -343,6 +351,8 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
 
 
 def _storage_ok(ctx: _Ctx) -> bool:
+    if ctx.job.root_in_use_by:
+        return False
     return not (ctx.listing.error and (not ctx.listing.missing or ctx.status.get("latestCheckpoint")))
 
 
