@@ -106,6 +106,7 @@ def test_unloadable_checkpoint_fails_loudly(
     with pytest.raises(CheckpointError, match="not a step"):
         ckpt.load(str(tmp_path / "elsewhere"))
     # A complete checkpoint of a different model: DCP's failure is named, not a BaseException escape.
+    monkeypatch.delenv(environment.RESUME_FROM)
     other, other_opt = nn.Linear(3, 3), None
     other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
     Checkpointer(str(tmp_path), other, other_opt, ctx=ctx, async_save=False).save(4)
@@ -139,6 +140,7 @@ def test_a_fenced_gang_cannot_save_and_says_why(ctx: DistContext, tmp_path: Path
     assert (tmp_path / "step-0000000010" / lineage.WRITER_FILE).read_bytes() == lineage.format_writer("job-1", 1)
     fenced_env(monkeypatch, 2, str(tmp_path / "step-0000000010"))
     new = Checkpointer(str(tmp_path), *make(), ctx=ctx, async_save=False)  # marks the root: attempt 2 from 10
+    assert new.resume() == str(tmp_path / "step-0000000010")
     with pytest.raises(FencedError, match="attempt 2 of this job has started"):
         old.save(20)
     assert (tmp_path / "step-0000000020" / lineage.REFUSED_FILE).exists()

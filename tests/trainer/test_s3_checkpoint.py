@@ -131,6 +131,7 @@ def test_a_fenced_gang_on_s3_is_refused(ctx: DistContext, s3_root: S3Root,  # no
     found = layout.discover(uri, job="job-1")  # what the operator sees
     assert found.latest is not None and found.latest.step == 10, found
 
+    assert new.resume() == f"{uri}/step-0000000010"  # attempt 2 loads what it was started from, then saves
     assert new.save(20) == f"{uri}/step-0000000020.a2"  # the cut-off gang's prefix is never shared
     found = layout.discover(uri, job="job-1")
     assert found.latest is not None and found.latest.path.endswith("step-0000000020.a2")

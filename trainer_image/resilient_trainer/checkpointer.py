@@ -40,6 +40,21 @@ Design choices and the traps they avoid:
 - A resume whose checkpoint recorded another global batch than `train_state.global_batch` is refused
   unless `allow_global_batch_change=True`; then training continues from the recorded global sample
   position with the new batch size.
+- A resume point was injected (`$RTJ_RESUME_FROM`: the operator, or the launcher's `--resume latest`) but
+  never loaded: the first save is refused (`ResumeNotLoadedError`), since training from step 0 again over
+  the same root silently forks the run. Call `ckpt.resume()` before the loop.
+- `extra={"scaler": scaler, ...}`: any object with `state_dict()`/`load_state_dict()` (a GradScaler, an
+  object holding the best validation loss) is saved and loaded with the checkpoint. Its state must be the
+  same on every rank (DCP keeps one copy of a replicated value); tensors in it may be DTensors, which
+  reshard like the model.
+- No save runs without its process group: `rdist.shutdown()` finishes the save in flight first (every
+  Checkpointer registers with it), and the writer refuses to start when W > 1 but torch.distributed is
+  gone (DCP would otherwise fall back to one process per rank, each writing the same file names into one
+  directory), and rank 0 refuses to commit `.metadata` unless all W ranks' write results reached it.
+  `outcome.record_success` waits for the save in flight, so the success marker never precedes it.
+- After an async save, retention (listing the root, deleting old checkpoints) runs on a background
+  thread of rank 0, off the training loop; it is joined before the next pass and in `close()`. After a
+  blocking save it runs inline.
 """
 
 from __future__ import annotations
@@ -63,7 +78,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilient_contract import environment, layout, lineage
-from resilient_trainer import parallel, retention, storage
+from resilient_trainer import dist as rdist
+from resilient_trainer import outcome, parallel, retention, storage
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -87,6 +103,10 @@ class FencedError(CheckpointError):
         super().__init__(f"not saving {path}: attempt {newer} of this job has started, so attempt {attempt} "
                          "was fenced (its node was lost or cut off); this gang should stop")
         self.attempt, self.newer = attempt, newer
+
+
+class ResumeNotLoadedError(CheckpointError):
+    """A resume point was injected ($RTJ_RESUME_FROM) but the script saved without loading it."""
 
 
 FENCED_PREFIX = "fenced:"  # a rank-0 decision broadcast to every rank: "fenced:<newer attempt>"
@@ -129,7 +149,13 @@ class Checkpointer:
         upload_niceness: int = DEFAULT_UPLOAD_NICENESS,
         check_reductions: bool = True,
         allow_global_batch_change: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> None:
+        rdist.require_context(ctx, "Checkpointer")
+        for name, obj in (extra or {}).items():
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(f"Checkpointer(extra={{{name!r}: ...}}): {type(obj).__qualname__} has no "
+                                "state_dict()/load_state_dict()")
         if check_reductions:
             parallel.check_reductions(model)
         try:
@@ -148,7 +174,10 @@ class Checkpointer:
         self.upload_niceness = upload_niceness
         self.allow_global_batch_change = allow_global_batch_change
         self.writer_factory = writer_factory or self.storage.writer
+        self.extra = dict(extra or {})
         self.resumed_from: str | None = None
+        # What the launcher or the operator asked this run to resume from; a save before loading it is refused.
+        self.injected_resume = environment.resume_from()
         identity = environment.attempt_and_job()
         # Fencing tokens only under the operator (RTJ_ATTEMPT); a local run has no newer attempt to yield to.
         self.attempt = identity[0] if identity else None
@@ -160,8 +189,13 @@ class Checkpointer:
         self._staging: tuple[str, Future] | None = None
         self.staging_wait_s = 0.0  # time the loop waited for background staging (last save)
         self._lock = threading.Lock()
-        # Parameters must not change while they are being copied: the optimizer waits for staging.
+        self._retention: threading.Thread | None = None
+        # Parameters must not change while they are being copied: the optimizer waits for staging; and an
+        # optimizer step after a micro-step that reduced wrongly is refused (see parallel.guard_reductions).
         self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
+        self._reduction_guard = parallel.guard_reductions(model, optimizer) if check_reductions else None
+        rdist.on_shutdown(self.wait)  # rdist.shutdown() finishes an in-flight save before the group goes
+        outcome.register_pending(self.wait)  # record_success() waits for it too
         if ctx.rank == 0:
             self.storage.ensure()
             self._mark_attempt()
@@ -209,6 +243,8 @@ class Checkpointer:
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": self.train_state.state_dict()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        if self.extra:
+            state["extra"] = {name: obj.state_dict() for name, obj in self.extra.items()}
         return state
 
     def _broadcast(self, value: Any) -> Any:
@@ -261,6 +297,12 @@ class Checkpointer:
         """Checkpoint `step`; returns the directory (None if a complete one existed). Time blocked is
         in `last_blocked_s` (async: waiting for the previous upload + staging)."""
         t0 = time.perf_counter()
+        if self.injected_resume and self.resumed_from is None:
+            raise ResumeNotLoadedError(
+                f"not saving step {step}: this run was asked to resume from {self.injected_resume} "
+                f"(${environment.RESUME_FROM}, set by the operator or by the launcher's --resume) but never "
+                "loaded it, so it would train from scratch over the same checkpoint root; call ckpt.resume() "
+                "after building the Checkpointer and before the training loop")
         self.wait()  # at most one save in flight
         self.staging_wait_s = 0.0
         path = self._prepare_dir(step)
@@ -269,7 +311,7 @@ class Checkpointer:
             self.last_blocked_s = time.perf_counter() - t0
             return None
         state = self._state_dict()
-        writer = self._fenced_writer(self.writer_factory(path), path)
+        writer = self._guarded_writer(self._fenced_writer(self.writer_factory(path), path), path)
         use_async = self.async_save if blocking is None else not blocking
         try:
             if use_async and self._stager is not None:
@@ -317,6 +359,39 @@ class Checkpointer:
         writer.finish = fenced_finish  # type: ignore[method-assign]
         return writer
 
+    def _guarded_writer(self, writer: StorageWriter, path: str) -> StorageWriter:
+        """No save without its process group: when W > 1 and torch.distributed is gone (destroyed under an
+        async save), DCP would run as one process per rank, all writing the same file names into `path`."""
+        world = self.ctx.world_size
+        setup, finish = writer.set_up_storage_writer, writer.finish
+
+        def require_group() -> None:
+            if world > 1 and not (dist.is_available() and dist.is_initialized()):
+                raise CheckpointError(
+                    f"refusing to write {path}: the process group of this {world}-rank run is gone (shut down "
+                    "while the save was in flight?); finish saves first: ckpt.close() (rdist.shutdown() does "
+                    "it) before dist.destroy_process_group()")
+
+        def guarded_setup(*args: Any, **kwargs: Any) -> Any:
+            require_group()
+            return setup(*args, **kwargs)
+
+        def guarded_finish(metadata: Any, results: list[Any]) -> Any:
+            require_group()
+            if len(results) != world:  # rank 0 commits only what all W ranks wrote
+                raise CheckpointError(f"refusing to commit {path}: write results from {len(results)} of {world} "
+                                      "ranks")
+            return finish(metadata, results)
+
+        writer.set_up_storage_writer = guarded_setup  # type: ignore[method-assign]
+        writer.finish = guarded_finish  # type: ignore[method-assign]
+        return writer
+
+    def pending(self) -> bool:
+        """Whether a save is still in flight (not yet waited for)."""
+        with self._lock:
+            return self._inflight is not None
+
     def wait_staged(self) -> None:
         """Block until the in-flight save has copied the state (called by the optimizer step pre-hook)."""
         with self._lock:
@@ -345,7 +420,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as exc:
             self._raise_fenced(path, exc)
             raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
-        self._after_save(path)
+        self._after_save(path, background=True)
         return path
 
     def _raise_fenced(self, path: str, exc: BaseException) -> None:
@@ -353,23 +428,44 @@ class Checkpointer:
         if self.attempt is not None and (newer := self.newer_attempt()) is not None:
             raise FencedError(path, self.attempt, newer) from exc
 
-    def _after_save(self, path: str) -> None:
+    def _after_save(self, path: str, background: bool = False) -> None:
         self.last_saved = path
         if self.ctx.rank != 0:
             return
         protect = (storage.split(self.resumed_from)[1],) if self.resumed_from else ()
+        self.join_retention()  # one pass at a time
+        job = self.job if self.attempt else None
+        if not background:  # a blocking save: the loop waits anyway
+            self._apply_retention(protect, job)
+            return
+        self._retention = threading.Thread(target=self._apply_retention, args=(protect, job),
+                                           name="rtj-retention", daemon=True)
+        self._retention.start()
+
+    def _apply_retention(self, protect: tuple[str, ...], job: str | None) -> None:
+        """Off the training thread: it lists and checks every step directory, and deletes whole checkpoints.
+        It never deletes the newest complete checkpoint nor anything newer, so it cannot race the next save."""
         try:
-            result = retention.apply(self.storage, self.keep_last, protect, self.job if self.attempt else None)
+            result = retention.apply(self.storage, self.keep_last, protect, job)
             if result.delete:
                 log.info("retention removed %s", ", ".join(result.delete))
-        except OSError as exc:  # retention must never fail training
+        except Exception as exc:  # retention must never fail training
             log.warning("retention failed: %s", exc)
+
+    def join_retention(self) -> None:
+        """Wait for the background retention pass (if any)."""
+        thread, self._retention = self._retention, None
+        if thread is not None:
+            thread.join()
 
     def close(self) -> None:
         try:
             self.wait()
+            self.join_retention()
         finally:
             self._hook.remove()
+            if self._reduction_guard is not None:
+                self._reduction_guard.remove()
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
@@ -404,6 +500,8 @@ class Checkpointer:
             )
             if self.scheduler is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
+            for name, obj in self.extra.items():
+                obj.load_state_dict(state["extra"][name])
             self.train_state.load_state_dict(state["train"])
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(f"cannot resume from checkpoint {path}: {_describe(exc)}") from exc

@@ -5,12 +5,23 @@ anyone notices; the operator restarts the job faster if survivors fail fast and 
 group: async_save runs its plan/metadata collectives from a background thread; sharing the training
 group would interleave them with training collectives on the same communicator (undefined ordering,
 deadlock on NCCL). Gloo is also what DCP needs for its CPU-side object collectives.
+
+Without a launcher (`python train.py`: no RANK/WORLD_SIZE in the environment) `init()` runs the script as
+a single process (W=1, an in-process store) and says so in one line on stderr.
+
+`shutdown()` first finishes every save still in flight (each `Checkpointer` registers itself with
+`on_shutdown`): an async save whose process group went away would have every rank write a
+single-process checkpoint into the same directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 120.0
+LAUNCH_HINT = "python -m resilient_trainer.launch --nproc-per-node N [--checkpoint-root DIR] -- train.py"
 
 
 @dataclass
@@ -29,6 +41,15 @@ class DistContext:
     checkpoint_group: dist.ProcessGroup
 
 
+def require_context(ctx: object, who: str) -> DistContext:
+    """A clear TypeError when `ctx` is not what `init()` returned (e.g. an autocast `nullcontext`)."""
+    if not isinstance(ctx, DistContext):
+        raise TypeError(f"{who}: ctx must be the resilient_trainer.dist.DistContext that "
+                        f"resilient_trainer.dist.init() returns, not {type(ctx).__module__}.{type(ctx).__qualname__} "
+                        "(an autocast or nullcontext object named `ctx` is a common mix-up)")
+    return ctx
+
+
 def pick_device(local_rank: int) -> torch.device:
     """CUDA when the build can actually see a GPU (a CUDA build on a CPU machine falls back to CPU)."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
@@ -37,7 +58,8 @@ def pick_device(local_rank: int) -> torch.device:
 
 
 def init(timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None) -> DistContext:
-    """Initialise from torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."""
+    """Initialise from torchrun's env (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); with none
+    of them (`python train.py`, no launcher), a single process (W=1)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = device or pick_device(local_rank)
     timeout = timedelta(seconds=timeout_s)
@@ -47,14 +69,58 @@ def init(timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = Non
     else:
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timeout)
+        if standalone(os.environ):
+            print(f"resilient_trainer: no launcher environment (RANK/WORLD_SIZE unset): running as one process "
+                  f"(W=1); for more, {LAUNCH_HINT}", file=sys.stderr, flush=True)
+            dist.init_process_group(backend=backend, timeout=timeout, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout)
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
     assert isinstance(ckpt_group, dist.ProcessGroup)  # every rank is a member
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, dev, ckpt_group)
 
 
+def standalone(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """No launcher set up a rendezvous: a plain `python train.py`."""
+    return not any(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+_BEFORE_SHUTDOWN: list[weakref.WeakMethod] = []
+_hooks_lock = threading.Lock()
+
+
+def on_shutdown(method: Callable[[], object]) -> None:
+    """Call the bound `method` in `shutdown()` before the process group goes (held weakly)."""
+    with _hooks_lock:
+        _BEFORE_SHUTDOWN[:] = [ref for ref in _BEFORE_SHUTDOWN if ref() is not None]
+        _BEFORE_SHUTDOWN.append(weakref.WeakMethod(method))
+
+
+def run_shutdown_hooks() -> None:
+    """Finish what must finish while the process group still exists (in-flight checkpoint saves)."""
+    with _hooks_lock:
+        hooks = [m for ref in _BEFORE_SHUTDOWN if (m := ref()) is not None]
+        _BEFORE_SHUTDOWN.clear()
+    errors = []
+    for hook in hooks:
+        try:
+            hook()
+        except Exception as exc:  # every hook runs; the first failure is raised after
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 def shutdown() -> None:
-    """Tear the groups down explicitly; letting interpreter exit do it is what aborts gloo with exit 1."""
+    """Finish in-flight saves (a failed one raises: the run must not look finished), then tear the groups
+    down explicitly; letting interpreter exit do it is what aborts gloo with exit 1."""
+    try:
+        run_shutdown_hooks()
+    finally:
+        _destroy()
+
+
+def _destroy() -> None:
     if dist.is_initialized():
         # a dead peer must not turn a finished run into a failure here
         with contextlib.suppress(Exception):

@@ -8,6 +8,10 @@ Only local rank 0 writes the pod's termination message (resilient_contract.compl
 the current one, so a stale message from an earlier container never turns a failure into a success.
 Global rank 0 also leaves the `_RTJ_COMPLETED` marker in the checkpoint root on success. Outside a pod
 with no `$RTJ_TERMINATION_LOG` nothing is written; a write error is a warning, never a failure.
+
+`record_success` first waits for every save still in flight (each `Checkpointer` registers itself): success
+is never claimed, and `_RTJ_COMPLETED` never written, before the last checkpoint is committed; a save
+that failed raises instead.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import contextlib
 import os
 import signal
 import sys
+import threading
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resilient_contract import completion, environment
@@ -23,6 +30,25 @@ from resilient_trainer import storage
 
 if TYPE_CHECKING:  # torch-free at run time
     from resilient_trainer.dist import DistContext
+
+
+_PENDING: list[weakref.WeakMethod] = []
+_pending_lock = threading.Lock()
+
+
+def register_pending(wait: Callable[[], object]) -> None:
+    """A bound method that finishes (or raises for) work that must be done before success is claimed."""
+    with _pending_lock:
+        _PENDING[:] = [ref for ref in _PENDING if ref() is not None]
+        _PENDING.append(weakref.WeakMethod(wait))
+
+
+def finish_pending() -> None:
+    """Wait for every registered save in flight; the first failure is raised."""
+    with _pending_lock:
+        waits = [m for ref in _PENDING if (m := ref()) is not None]
+    for wait in waits:
+        wait()
 
 
 def current_attempt() -> str:
@@ -40,7 +66,9 @@ def _write(ctx: DistContext, kind: str, **fields: object) -> str | None:
 
 
 def record_success(ctx: DistContext, *, step: int, checkpoint_root: str | None = None, **fields: object) -> None:
-    """Call on every rank once all ranks finished (e.g. after a barrier) and the final save is done."""
+    """Call on every rank once all ranks finished (e.g. after a barrier) and the final save is done.
+    A save still in flight is waited for first; if it failed, this raises and records nothing."""
+    finish_pending()
     if ctx.rank == 0 and checkpoint_root:
         storage.write_completed_marker(checkpoint_root, step=step, world_size=ctx.world_size)
     _write(ctx, completion.SUCCEEDED, step=step, world_size=ctx.world_size, **fields)

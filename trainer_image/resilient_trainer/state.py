@@ -58,6 +58,14 @@ def mix_seed(*parts: int) -> int:
     return x & _MASK
 
 
+def generator(*keys: int, device: Any = "cpu") -> Any:
+    """A torch.Generator seeded by `mix_seed(*keys)`, e.g. `generator(state.seed, EVAL, i)` for the i-th
+    evaluation batch: draws that do not depend on what the global RNG did before (a resume, the world size)."""
+    import torch  # this module stays importable without torch
+
+    return torch.Generator(device=device).manual_seed(mix_seed(*keys))
+
+
 def accumulation_steps(global_batch: int, world_size: int, micro_batch: int) -> int:
     if global_batch < 1 or world_size < 1 or micro_batch < 1:
         raise ValueError("global batch, world size and micro batch must be >= 1")
