@@ -2,6 +2,7 @@
 
     python bench/checkpoint_bench.py --size-mb 1000 --world-sizes 2,4 --reps 3
     python bench/checkpoint_bench.py --device cuda --size-mb 8000 --world-sizes 1   # GPU, pinned staging
+    python bench/checkpoint_bench.py --parallel ddp --size-mb 126 --world-sizes 1,2   # a DDP user's baseline
 
 State: an FSDP2-sharded stack of Linear layers plus AdamW state (params + exp_avg + exp_avg_sq ~= size).
 Per world size W, in one process group, repetitions are interleaved (async, blocking, gather per rep):
@@ -16,6 +17,9 @@ Per world size W, in one process group, repetitions are interleaved (async, bloc
 - blocking: Checkpointer.save(blocking=True) (dcp.save).
 - gather:   get_state_dict(full_state_dict, cpu_offload) to rank 0 + torch.save; the others wait at a
             barrier, as they would at their next collective.
+- rank0:    (--parallel ddp only) what a DDP script such as nanoGPT's does: rank 0 torch.saves its own
+            replica's model and optimizer state_dict (no gather: every rank holds all of it); the others
+            wait at a barrier. With --parallel ddp the state is replicated: --size-mb is per rank.
 Blocked time is the max over ranks, then the median over repetitions.
 Reshard load N->M (M = the other world size, or N/2 when one is given): Checkpointer.load of the DCP
 checkpoint written at N, vs rank-0 torch.load of the gathered file + per-tensor broadcast + local shard.
@@ -47,14 +51,17 @@ from resilient_trainer.checkpointer import Checkpointer
 from resilient_trainer.state import TrainState
 
 
-def build(size_mb: float, ctx: rdist.DistContext) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(size_mb: float, ctx: rdist.DistContext, mode: str = "fsdp") -> tuple[nn.Module, torch.optim.Optimizer]:
     # params + 2 AdamW moments, fp32: 12 bytes per parameter.
     n_params = int(size_mb * 1e6 / 12)
     d = 1024
     layers = max(1, round(n_params / (d * d)))
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(d, d, bias=False) for _ in range(layers))).to(ctx.device)
-    model = parallel.shard_model(model, ctx, blocks=list(model))
+    if mode == "ddp":
+        model = parallel.replicate_model(model, ctx)
+    else:
+        model = parallel.shard_model(model, ctx, blocks=list(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():  # materialise optimizer state without a (slow) forward pass
         p.grad = torch.ones_like(p) * 1e-3
@@ -64,7 +71,7 @@ def build(size_mb: float, ctx: rdist.DistContext) -> tuple[nn.Module, torch.opti
 
 
 def local_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    total = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    total = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in model.parameters())
     for st in opt.state.values():
         for v in st.values():
             if isinstance(v, torch.Tensor):
@@ -90,7 +97,7 @@ def max_over_ranks(value: float, ctx: rdist.DistContext) -> float:
 
 
 def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) -> dict[str, Any]:
-    model, opt = build(args.size_mb, ctx)
+    model, opt = build(args.size_mb, ctx, args.parallel)
     ckpt = Checkpointer(
         str(workdir / f"dcp-w{ctx.world_size}"), model, opt, ctx=ctx, train_state=TrainState(), keep_last=1,
         upload_niceness=args.upload_niceness,
@@ -100,7 +107,8 @@ def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) 
         compute_step(x)
     res: dict[str, list[float]] = {
         k: []
-        for k in ("loop", "async", "call", "staging", "blocking", "gather", "upload", "idle_step", "busy_step")
+        for k in ("loop", "async", "call", "staging", "blocking", "gather", "rank0", "upload", "idle_step",
+                  "busy_step")
     }
     step = 0
     full_file = workdir / f"full-w{ctx.world_size}.pt"
@@ -154,6 +162,16 @@ def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) 
         dist.barrier(group=ctx.checkpoint_group)
         if rep:
             res["gather"].append(max_over_ranks(time.perf_counter() - t0, ctx))
+
+        if args.parallel == "ddp":  # nanoGPT's checkpoint: rank 0 saves its replica, nobody gathers
+            dist.barrier(group=ctx.checkpoint_group)
+            t0 = time.perf_counter()
+            if ctx.rank == 0:
+                inner = model.module  # type: ignore[union-attr]
+                torch.save({"model": inner.state_dict(), "optimizer": opt.state_dict()}, full_file)
+            dist.barrier(group=ctx.checkpoint_group)
+            if rep:
+                res["rank0"].append(max_over_ranks(time.perf_counter() - t0, ctx))
     ckpt.close()
     return {
         "world_size": ctx.world_size,
@@ -168,7 +186,7 @@ def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) 
 def load_phase(args: argparse.Namespace, ctx: rdist.DistContext, ckpt_dir: str, full_file: str) -> dict[str, Any]:
     from torch.distributed.tensor import distribute_tensor
 
-    model, opt = build(args.size_mb, ctx)
+    model, opt = build(args.size_mb, ctx, args.parallel)
     scratch = Path(ckpt_dir).parent.parent / f"scratch-w{ctx.world_size}"
     ckpt = Checkpointer(str(scratch), model, opt, ctx=ctx, train_state=TrainState(), async_save=False)
     dcp_times, bcast_times = [], []
@@ -243,6 +261,9 @@ def main() -> int:
     p.add_argument("--upload-niceness", type=int, default=None,
                    help="Checkpointer(upload_niceness=...): 0 = upload threads at training priority "
                         "(the old behaviour); default: the Checkpointer's default")
+    p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp",
+                   help="ddp: a replicated model, and the rank-0 torch.save baseline (no gather)")
+    p.add_argument("--skip-load", action="store_true", help="only the save figures")
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temp dir, removed)")
     args = p.parse_args()
     if args.upload_niceness is None:
@@ -258,7 +279,7 @@ def main() -> int:
             rows.append(
                 spawn(w, args, {"kind": "save", "workdir": str(workdir), "result": str(workdir / f"s{w}.json")})
             )
-        for row in rows:
+        for row in [] if args.skip_load or args.parallel == "ddp" else rows:
             n = row["world_size"]
             others = [m for m in sizes if m != n] or [max(1, n // 2)]
             for m in others:
@@ -278,16 +299,19 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     print(
-        f"\nstate {args.size_mb:.0f} MB (params + AdamW moments, fp32), device {args.device}, "
+        f"\nstate {args.size_mb:.0f} MB (params + AdamW moments, fp32), {args.parallel}, device {args.device}, "
         f"{args.reps} interleaved reps, medians, max over ranks, upload niceness {args.upload_niceness}"
     )
     print(
         "loop = wall time one save adds to the training loop (blocked + slower steps while staging/upload "
         "run); gather = gather + torch.save, all of which the loop pays"
     )
-    print(f"{'W':>3} {'loop s/save':>11} {'gather+save s':>13} {'gather/loop':>11}")
+    print(f"{'W':>3} {'loop s/save':>11} {'gather+save s':>13} {'gather/loop':>11} {'rank0 save s':>12} "
+          f"{'rank0/loop':>10}")
     for r in rows:
-        print(f"{r['world_size']:>3} {r['loop']:>11.3f} {r['gather']:>13.3f} {r['gather'] / r['loop']:>11.1f}")
+        rank0 = r["rank0"]
+        print(f"{r['world_size']:>3} {r['loop']:>11.3f} {r['gather']:>13.3f} {r['gather'] / r['loop']:>11.1f} "
+              f"{rank0:>12.3f} {rank0 / r['loop']:>10.2f}")
     print(
         "\nblocked time (second: it misses slower steps): async = save() call + waits for staging at the next "
         "optimizer steps; call = save() alone"

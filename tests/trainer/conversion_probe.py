@@ -8,6 +8,7 @@ dropout, a mean loss, gradient accumulation, extra state) and the shutdown race.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -90,7 +91,8 @@ def train(args: argparse.Namespace) -> int:
     while state.step < args.steps:
         total = torch.zeros(())
         for mb in loader.micro_batches():
-            with parallel.sync_gradients(model, mb.last), mb.rng():
+            rng = contextlib.nullcontext() if args.global_rng else mb.rng()
+            with parallel.sync_gradients(model, mb.last), rng:
                 loss = model(mb.data[:, :-1], mb.data[:, 1:])
                 mb.scale_mean(loss).backward()
             total += loss.detach() * mb.size
@@ -168,6 +170,7 @@ def main() -> int:
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--micro-batch", type=int, default=2)
     t.add_argument("--out", default=None)
+    t.add_argument("--global-rng", action="store_true", help="no mb.rng(): dropout from the global RNG (control)")
     sub.add_parser("shutdown-race").add_argument("root")
     args = p.parse_args()
     return train(args) if args.mode == "train" else shutdown_race(args.root)
