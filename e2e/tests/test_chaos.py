@@ -94,7 +94,14 @@ def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
 def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace: str) -> None:
     name = "stages"
     make_checkpoint(cluster.host_path(f"{HOST_DIR}/{namespace}/{name}"), step=7)
-    apply(cluster, job_manifest(name, namespace, replicas=3, script=slow_stop_script()))
+    gate = cluster.host_path(f"{HOST_DIR}/{namespace}-{name}.open")
+    gate.touch()
+    # badNodeSeconds=0: each stage deletes rank 1, and the scheduler may put rank 1 on one node twice; bad-node
+    # memory would then (rightly) have the job avoid that node and restart smaller (2 workers, seen in CI),
+    # while this test is about the operator's own crashes, each of which must end in the same 3-worker gang
+    job = job_manifest(name, namespace, replicas=3, script=slow_stop_script(), badNodeSeconds=0)
+    job["spec"]["template"]["spec"]["initContainers"] = [gated_start(f"{MOUNT}/{namespace}-{name}.open")]
+    apply(cluster, job)
     running_attempt(cluster, namespace, name, 1, 3)
 
     # (a) the fault happens while the operator is down: the new process must find it from a fresh list
@@ -120,50 +127,40 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
     kill_frozen_operator(cluster, pid)
     check_recovered(cluster, namespace, name, 4, 3, 7)
 
-    # (d) some new pods created: freeze at Starting, remove one new pod behind its back (the state of a
-    #     crash part-way through the creates), then kill
-    attempt, pid = frozen_while_starting(cluster, namespace, name, 5)
-    new = [p for p in job_pods(cluster, namespace, name) if p.metadata.labels[c.LABEL_ATTEMPT] == str(attempt)]
-    print(f"(d) frozen with {len(new)} of 3 attempt-{attempt} pods created")
-    for pod in new[:1]:
-        core(cluster).delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-    wait_for(lambda: new[0].metadata.name not in {p.metadata.name for p in job_pods(cluster, namespace, name)},
-             30, "the removed pod gone")  # fmt: skip
+    # (d) the new pods created, the attempt Starting (their init container holds them until the gate opens, so
+    #     the freeze never races the operator's write of Running): freeze, remove one new pod behind its back
+    #     (the state of a crash part-way through the creates), kill, open the gate
+    gate.unlink()
+    first_delete(cluster, namespace, name, 4)
+
+    def starting_with_all_pods() -> list[Any] | None:
+        st = job_status(cluster, namespace, name)
+        new = [p for p in job_pods(cluster, namespace, name) if p.metadata.labels[c.LABEL_ATTEMPT] == "5"]
+        return new if st.get("phase") == c.STARTING and st.get("attempt") == 5 and len(new) == 3 else None
+
+    wait_for(starting_with_all_pods, 90, "attempt 5 Starting with its 3 pods created (held by the gate)")
+    pid = freeze_operator(cluster)
+    new = starting_with_all_pods()
+    assert new, "attempt 5 left Starting while its pods were held"
+    victim = new[0].metadata.name
+    core(cluster).delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+    uid = new[0].metadata.uid
+    wait_for(lambda: uid not in {p.metadata.uid for p in job_pods(cluster, namespace, name)}, 30, f"{victim} gone")
     kill_frozen_operator(cluster, pid)
-    status = check_recovered(cluster, namespace, name, attempt, 3, 7)
-    assert [h["attempt"] for h in status["history"]] == list(range(1, attempt + 1))
-    assert status["restarts"] == {"infrastructure": attempt - 1, "application": 0, "planned": 0}
+    gate.touch()
+    status = check_recovered(cluster, namespace, name, 5, 3, 7)
+    assert [h["attempt"] for h in status["history"]] == [1, 2, 3, 4, 5]
+    assert status["restarts"] == {"infrastructure": 4, "application": 0, "planned": 0}
     # events describe each restart once
     story = events(cluster, namespace, name)
     started = [e for e in story if e.startswith(c.REASON_STARTED)]
-    assert len(started) == attempt, started
+    assert len(started) == 5, started
 
 
-def frozen_while_starting(cl: Cluster, ns: str, name: str, attempt: int, tries: int = 3) -> tuple[int, int]:
-    """Break attempt-1 and stop the operator (SIGSTOP) while the next attempt is Starting with some pods.
-
-    The freeze lands inside the poll that sees Starting, but the operator may have written Running in
-    between (a busy machine): then it is let go, the attempt runs, and the next attempt is tried.
-    Returns the attempt frozen and the stopped operator's pid."""
-    for _ in range(tries):
-        pid = wait_for(lambda: operator_pid(cl), 60, "the operator process")
-        first_delete(cl, ns, name, attempt - 1)
-
-        def starting_then_frozen(want: int = attempt, pid: int = pid) -> bool:
-            st = job_status(cl, ns, name)
-            new = [p for p in job_pods(cl, ns, name) if p.metadata.labels[c.LABEL_ATTEMPT] == str(want)]
-            if st.get("phase") == c.STARTING and st.get("attempt") == want and new:
-                os.kill(pid, signal.SIGSTOP)
-                return True
-            return False
-
-        wait_for(starting_then_frozen, 90, f"attempt {attempt} starting with some pods", interval=0.05)
-        if job_status(cl, ns, name).get("phase") == c.STARTING:
-            return attempt, pid
-        os.kill(pid, signal.SIGCONT)  # it wrote Running before the stop landed: try on the next attempt
-        running_attempt(cl, ns, name, attempt, 3, timeout=150)
-        attempt += 1
-    raise AssertionError(f"the operator never stayed Starting long enough to be frozen in {tries} tries")
+def gated_start(flag: str) -> dict[str, Any]:
+    """An init container that holds the pod (Pending, so the attempt stays Starting) until `flag` exists."""
+    return {"name": "gate", "image": "busybox", "command": ["sh", "-c", f"until [ -f {flag} ]; do sleep 0.2; done"],
+            "volumeMounts": [{"name": "ckpt", "mountPath": MOUNT}]}
 
 
 # ---- 2. kube-apiserver restarted ------------------------------------------------------------------------
