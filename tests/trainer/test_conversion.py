@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
 from torch.utils.data import TensorDataset
 
 from resilient_contract import completion, dcp_metadata, environment, layout
@@ -156,6 +157,34 @@ def test_a_forgotten_sync_gradients_is_caught_before_the_optimizer_step(
             model(torch.randn(3, 4)).sum().backward()
     optim.step()
     ckpt.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("order", ["replicate_then_compile", "compile_then_replicate"])
+def test_torch_compile_in_either_order(ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                                       order: str) -> None:
+    """The guard and the checkpoint see through torch.compile's wrapper (nanoGPT compiles, then wraps in DDP)."""
+    monkeypatch.delenv(environment.RESUME_FROM, raising=False)
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1), nn.Linear(4, 2))
+    model = (torch.compile(parallel.replicate_model(plain, ctx), backend="eager") if order == "replicate_then_compile"
+             else parallel.replicate_model(torch.compile(plain, backend="eager"), ctx))
+    optim = torch.optim.AdamW(model.parameters())
+    ckpt = Checkpointer(str(tmp_path), model, optim, ctx=ctx)
+    for _ in range(2):
+        model(torch.randn(3, 4)).sum().backward()
+    with pytest.raises(parallel.GradientSyncError):
+        optim.step()
+    optim.zero_grad()
+    for last in (False, True):
+        with parallel.sync_gradients(model, last):
+            model(torch.randn(3, 4)).sum().backward()
+    optim.step()
+    path = ckpt.save(1, blocking=True)
+    ckpt.close()
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata.keys()
+    assert {k for k in keys if k.startswith("model.")} == {"model.0.weight", "model.0.bias", "model.2.weight",
+                                                          "model.2.bias"}
 
 
 # ---- issue 30.5: friction -------------------------------------------------------------------------------

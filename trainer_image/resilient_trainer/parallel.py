@@ -103,10 +103,11 @@ sum_allreduce_hook.__annotations__ = {}  # DDP inspects annotations; postponed o
 def replicate_model(model: nn.Module, ctx: DistContext, **ddp_kwargs: Any) -> nn.Module:
     """DDP with gradients summed across ranks (a SUM all-reduce comm hook instead of the average).
 
-    `model` is the plain module, already on `ctx.device`; `ddp_kwargs` go to DistributedDataParallel.
+    `model` is the module (plain or compiled), already on `ctx.device`; `ddp_kwargs` go to DDP.
     DDP broadcasts rank 0's parameters and buffers when it is built, so every rank starts from rank 0's
-    weights. Call it before `torch.compile` (`model = torch.compile(replicate_model(model, ctx))`), as with
-    DDP itself. Wrap each micro-step in `sync_gradients(model, mb.last)`: required with DDP (see above)."""
+    weights. With `torch.compile` either order works (`torch.compile(replicate_model(model, ctx))`, or
+    nanoGPT's `replicate_model(torch.compile(model), ctx)`); checkpoint keys are the plain module's.
+    Wrap each micro-step in `sync_gradients(model, mb.last)`: required with DDP (see above)."""
     from torch.nn.parallel import DistributedDataParallel
 
     require_context(ctx, "replicate_model")
