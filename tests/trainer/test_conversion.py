@@ -299,3 +299,13 @@ def test_mb_rng_keys_dropout_by_the_samples_not_the_rank() -> None:
         assert torch.equal(mask, masks[2][start]) and torch.equal(mask, masks[3][start]), start
     assert len({tuple(m.tolist()) for m in masks[1].values()}) > 1, "different micro-batches, different masks"
 
+
+def test_evaluation_batches_do_not_depend_on_the_global_rng() -> None:
+    """The eval loop's draws come from generator(seed, EVAL, i): the same after a resume, whatever ran before."""
+    from resilient_trainer.state import generator
+
+    first = [torch.randint(1000, (4,), generator=generator(5, 0xE7A1, i)) for i in range(3)]
+    torch.rand(100)  # the training loop consumed the global RNG differently after a resume
+    again = [torch.randint(1000, (4,), generator=generator(5, 0xE7A1, i)) for i in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], first[1])
