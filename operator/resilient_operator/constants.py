@@ -77,6 +77,7 @@ REASON_ENOUGH = "EnoughCapacity"
 REASON_BACKOFF = "BackingOff"
 REASON_STORAGE_OK = "Readable"
 REASON_STORAGE_UNREADABLE = "StorageUnreadable"
+DISCOVERY_SKIPPED = "DiscoverySkipped"  # Listing.reason: not read this pass, the job could not launch anyway
 REASON_ROOT_IN_USE = "RootInUse"  # another live job already uses the checkpoint root (and not both opted in)
 REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
 REASON_DISRUPTION = "ClusterDisruption"

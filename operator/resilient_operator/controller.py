@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
-from urllib.parse import urlparse
 
 from kubernetes.client.exceptions import ApiException
 
@@ -25,6 +24,7 @@ from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
 from resilient_operator.core.plan import Render
+from resilient_operator.core.reconcile import needs_discovery
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
 
@@ -48,9 +48,13 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch or None
 
 
-def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, Any], Job, list[PodView],
-                                                                     dict[str, NodeView], layout.Listing] | None:
-    """Memory only: the job, its pods and the node views from the watch-fed caches, plus storage."""
+Observed = tuple[dict[str, Any], Job, list[PodView], dict[str, NodeView], layout.Listing, dict[str, progress.Report]]
+
+
+def observe(cache: ClusterCache, namespace: str, name: str, config: OperatorConfig | None = None,
+            ) -> Observed | None:
+    """Memory only: the job, its pods and the node views from the watch-fed caches, plus storage: the listing
+    and the progress reports of the job's own current pods, both read in the sandbox."""
     obj = cache.job(namespace, name)
     if obj is None:
         return None  # deleted: garbage collection removes its pods and Service (owner references)
@@ -58,28 +62,36 @@ def observe(cache: ClusterCache, namespace: str, name: str) -> tuple[dict[str, A
     pods = [views.pod_view(p) for p in cache.job_pods(namespace, name)]
     nodes = cache.node_views()
     if job.problem:  # the core refuses the job; nothing to read
-        return obj, job, pods, nodes, layout.Listing("", None, (), None, True)
+        return obj, job, pods, nodes, layout.Listing("", None, (), None, True), {}
     key = views.root_key(obj)
     if key and (holder := views.root_holder(job, obj, cache.jobs_with_root(key))):
         job = dataclasses.replace(job, root_in_use_by=holder)  # refused (RootInUse): nothing to read either
-        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, (), None, True)
+        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, (), None, True), {}
+    if not needs_discovery(job, pods, nodes, cache.clock.now(), config or OperatorConfig()):
+        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, reason=c.DISCOVERY_SKIPPED), {}
     # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
-    listing = discovery.discover(job.spec.checkpoint_root, namespace, job.uid, fencing.lineage_starts(job.status))
-    return obj, job, pods, nodes, listing
+    attempt = job.status.get("attempt")
+    ours = [p.name for p in pods if p.owner_uid == job.uid and p.attempt == attempt] \
+        if isinstance(attempt, int) and not isinstance(attempt, bool) else []
+    listing, reports = discovery.discover_with_reports(job.spec.checkpoint_root, namespace, job.uid,
+                                                       fencing.lineage_starts(job.status), ours)
+    return obj, job, pods, nodes, listing, reports
 
 
-def read_progress(job: Job, pods: list[PodView], now: datetime | None = None) -> list[Progress]:
-    """The launchers' reports for the pods of the job's current attempt (bounded reads; hostile input)."""
+def read_progress(job: Job, pods: list[PodView], now: datetime | None = None,
+                  found: dict[str, progress.Report] | None = None) -> list[Progress]:
+    """The launchers' reports for the pods of the job's current attempt: `found` is what the sandboxed worker
+    read (discovery.read_reports: relative to the root's fd, no link followed, bounded, parsed); nothing is
+    read here, in the operator's own process."""
     root = job.spec.checkpoint_root
-    root = urlparse(root).path if root.startswith("file://") else root
-    if not root.startswith("/"):
+    if not (root.startswith("/") or root.startswith("file://")) or not found:
         return []  # an s3:// root: the launchers' reports are files on a shared volume, not objects
     attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
     out = []
     for pod in pods:
         if job.problem or pod.attempt != attempt or not root or pod.owner_uid != job.uid:
             continue  # only the job's own pods (by uid, never labels): a stray pod's report is nobody's
-        report = progress.read_report(root, pod.name)
+        report = found.get(pod.name)
         if report is None or report.attempt != pod.attempt:
             continue
         out.append(Progress(pod=pod.name, attempt=report.attempt, step=report.step,
@@ -139,7 +151,11 @@ def apply_workload(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: P
 
 
 def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
-    """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet."""
+    """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet.
+
+    First, the leader check (leader.Elector.ensure; NotLeader unless this replica renewed its Lease within the
+    renew deadline); Kube repeats it before each call, so a replica that lost the Lease mid-batch stops there."""
+    kube.write_guard()
     ns = obj["metadata"]["namespace"]
 
     def force_delete(name: str) -> None:
@@ -289,10 +305,10 @@ def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
                   config: OperatorConfig | None = None, kueue: bool = False) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
-        observed = observe(cache, namespace, name)
+        observed = observe(cache, namespace, name, config)
         if observed is None:
             return None, None
-        obj, job, pods, nodes, listing = observed
+        obj, job, pods, nodes, listing, found = observed
         workload = None
         if not kueue:  # the integration is off: a queue-name label means nothing to the operator
             job = dataclasses.replace(job, queue_name=None)
@@ -300,7 +316,7 @@ def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
             job = with_priority(cache, obj, job)
             workload = observe_workload(cache, job)
         now = cache.clock.now()  # the clock the lease probes were timed with
-        reports = read_progress(job, pods, now) if not listing.error else []  # only under a root discovery accepted
+        reports = read_progress(job, pods, now, found) if not listing.error else []  # only under an accepted root
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
                          config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue)
         apply(kube, cache, obj, plan)

@@ -10,7 +10,14 @@ request at a time over its stdin/stdout as JSON lines. The answer is a plain-dat
 A call that overruns its deadline gets `DiscoveryTimedOut`, and its worker is killed and replaced; a
 worker that dies (CPU limit, OOM kill) gives `DiscoveryFailed`. Either way the root is not tried again
 for a cooldown (six deadlines) and the same answer is returned at once, so a handful of hostile jobs
-cannot keep every worker busy: a healthy job waits at most one deadline for a free worker. A replacement
+cannot keep every worker busy: a healthy job waits at most one deadline for a free worker.
+
+Fair across tenants (issue 25): workers are handed out round-robin across namespaces, and one namespace
+never holds more than `workers - 1` of them at once (all of them in a one-worker pool), so a noisy
+namespace's queue never stands in front of another's. Every root is charged for the time its call took:
+one that cost more than CHARGE_MIN_SECONDS answers from that call again for CHARGE_FACTOR times as long
+(no worker used), however the call ended. Negative verdicts on a `.metadata` are remembered by the same
+stat signature as positive ones (layout.py), so an unchanged costly-to-reject file is parsed once. A replacement
 is started as soon as its predecessor is gone, so its start-up overlaps the wait for it. Start-up is never
 blamed on a root: a call whose worker is still starting (a loaded node), like one that found every worker
 busy, answers `DiscoveryBusy`, holds nothing back, and the reconcile simply asks again soon.
@@ -30,6 +37,7 @@ import json
 import logging
 import os
 import queue
+import re
 import resource
 import select
 import signal
@@ -41,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilient_contract import dcp_metadata, layout, s3store
+from resilient_contract import dcp_metadata, layout, progress, s3store
 from resilient_contract.s3store import S3Credentials
 from resilient_operator.settings import DiscoverySettings, SettingsError
 
@@ -55,7 +63,73 @@ COOLDOWN_DEADLINES = 6  # a root that timed out or killed its worker is not retr
 MAX_COOLDOWN_ENTRIES = 4096
 STARTUP_SECONDS = 60.0  # `warm`'s bound on start-up (an interpreter; with object-store areas, the S3 client too)
 READY = b'{"ready": true}'  # a worker's first line, once it is ready to serve
+MAX_REPORTED_PODS = 512  # progress reports read per call (each at most progress.MAX_REPORT_BYTES)
+_POD_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?", re.ASCII)
 THREAD_STACK_BYTES = 1 << 20  # the S3 client's threads' stacks (8 MiB by default, counted by RLIMIT_AS)
+CHARGE_MIN_SECONDS = 0.25  # a call that took longer charges its root (a cheap answer charges nothing)
+CHARGE_FACTOR = 4.0  # ... with this many times its cost during which the root answers from that call
+
+
+class FairSlots:
+    """`n` worker slots handed out round-robin across namespaces, at most `per_namespace` to one at a time.
+
+    A waiter is served when a slot is free, its namespace is under the cap, and it is the first waiter of
+    the first eligible namespace in turn order; a namespace served goes to the back of the turn."""
+
+    def __init__(self, n: int, per_namespace: int) -> None:
+        self.free = n
+        self.per_namespace = max(1, per_namespace)
+        self._cond = threading.Condition()
+        self._waiting: dict[str, list[object]] = {}  # namespace -> its waiters, first come first
+        self._turn: list[str] = []  # namespaces with waiters, the next to be served first
+        self.busy: dict[str, int] = {}  # namespace -> slots it holds
+
+    def _next(self) -> object | None:
+        if self.free <= 0:
+            return None
+        for ns in self._turn:
+            if self.busy.get(ns, 0) < self.per_namespace:
+                return self._waiting[ns][0]
+        return None
+
+    def _leave(self, ns: str, token: object) -> None:
+        queue_ = self._waiting[ns]
+        queue_.remove(token)
+        if not queue_:
+            del self._waiting[ns]
+            self._turn.remove(ns)
+
+    def acquire(self, ns: str, timeout: float) -> bool:
+        token = object()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if ns not in self._waiting:
+                self._waiting[ns] = []
+                self._turn.append(ns)
+            self._waiting[ns].append(token)
+            while self._next() is not token:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._leave(ns, token)
+                    self._cond.notify_all()  # the next waiter may be eligible now
+                    return False
+                self._cond.wait(left)
+            self._leave(ns, token)
+            if ns in self._turn:  # its other waiters queue behind every other namespace's
+                self._turn.remove(ns)
+                self._turn.append(ns)
+            self.free -= 1
+            self.busy[ns] = self.busy.get(ns, 0) + 1
+            self._cond.notify_all()
+            return True
+
+    def release(self, ns: str) -> None:
+        with self._cond:
+            self.free += 1
+            self.busy[ns] -= 1
+            if not self.busy[ns]:
+                del self.busy[ns]
+            self._cond.notify_all()
 
 
 def _failed(root: str, reason: str, message: str) -> layout.Listing:
@@ -79,14 +153,31 @@ class DiscoveryPool:
     _cooldown: dict[tuple[str, str], tuple[float, layout.Listing]] = field(default_factory=dict, init=False)
     _dying: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _fair: FairSlots = field(init=False)
 
     def __post_init__(self) -> None:
-        for _ in range(self.config.workers):
+        workers = self.config.workers
+        self._fair = FairSlots(workers, workers - 1 if workers > 1 else 1)
+        for _ in range(workers):
             self._slots.put(None)  # spawned on first use
 
     # ---- the call ------------------------------------------------------------------------------
     def discover(self, root: str, namespace: str, job: str | None = None,
                  starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
+        return self.discover_with_reports(root, namespace, job, starts)[0]
+
+    def discover_with_reports(self, root: str, namespace: str, job: str | None = None,
+                              starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
+                              ) -> tuple[layout.Listing, dict[str, progress.Report]]:
+        """`discover`, plus the progress reports of `pods` (the job's own current pods), read by the same worker
+        relative to the root's directory fd, following no link anywhere on the way (local roots only)."""
+        reports: dict[str, progress.Report] = {}
+        pods = [p for p in pods if isinstance(p, str) and _POD_NAME_RE.fullmatch(p)][:MAX_REPORTED_PODS]
+        listing = self._discover(root, namespace, job, starts, pods, reports)
+        return listing, reports
+
+    def _discover(self, root: str, namespace: str, job: str | None, starts: Sequence[tuple[int, int | None]],
+                  pods: Sequence[str], reports: dict[str, progress.Report]) -> layout.Listing:
         """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
         and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
@@ -105,19 +196,34 @@ class DiscoveryPool:
             held = self._cooldown.get(key)
             if held and held[0] > time.monotonic():
                 return held[1]
-        try:
-            worker = self._slots.get(timeout=timeout)
-        except queue.Empty:
+        if not self._fair.acquire(namespace, timeout):
             return _failed(root, layout.REASON_DISCOVERY_BUSY,
-                           f"every checkpoint discovery worker stayed busy for {timeout:g} s "
+                           f"every checkpoint discovery worker this namespace may use stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
-            listing, worker = self._call(worker, root, area, job, starts, s3)
+            try:
+                worker = self._slots.get(timeout=timeout)  # the fair gate counts these very slots: one is free
+            except queue.Empty:  # only after close(): it took the workers away
+                return _failed(root, layout.REASON_DISCOVERY_BUSY, "the checkpoint discovery pool is closed")
+            used = [0.0]
+            try:
+                listing, worker = self._call(worker, root, area, job, starts, s3, used,
+                                             pods=pods if s3 is None else (), reports=reports)
+            finally:
+                self._slots.put(worker)
         finally:
-            self._slots.put(worker)
+            self._fair.release(namespace)
         if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
             self._hold(key, listing)
+        elif listing.reason != layout.REASON_DISCOVERY_BUSY and used[0] >= CHARGE_MIN_SECONDS:
+            self._charge(key, listing, used[0])
         return listing
+
+    def _charge(self, key: tuple[str, str], listing: layout.Listing, seconds: float) -> None:
+        """The root cost `seconds` of a worker: it answers from this call for CHARGE_FACTOR times as long."""
+        with self._lock:
+            self._trim(time.monotonic())
+            self._cooldown[key] = (time.monotonic() + CHARGE_FACTOR * seconds, listing)
 
     def _object_store(self, root: str, namespace: str) -> tuple[str, S3Credentials]:
         """The namespace's object-store area holding `root` (lexically: no request) and the operator's keys for
@@ -137,21 +243,29 @@ class DiscoveryPool:
                               reason=listing.reason)  # fmt: skip
         now = time.monotonic()
         with self._lock:
-            if len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
-                for stale in [k for k, (until, _) in self._cooldown.items() if until <= now]:
-                    del self._cooldown[stale]
-                while len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
-                    del self._cooldown[next(iter(self._cooldown))]
+            self._trim(now)
             self._cooldown[key] = (now + pause, held)
 
+    def _trim(self, now: float) -> None:
+        """Room for one more held root (called with the lock held)."""
+        if len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
+            for stale in [k for k, (until, _) in self._cooldown.items() if until <= now]:
+                del self._cooldown[stale]
+            while len(self._cooldown) >= MAX_COOLDOWN_ENTRIES:
+                del self._cooldown[next(iter(self._cooldown))]
+
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
-              starts: Sequence[tuple[int, int | None]] = (),
-              s3: S3Credentials | None = None) -> tuple[layout.Listing, _Worker | None]:
+              starts: Sequence[tuple[int, int | None]] = (), s3: S3Credentials | None = None,
+              used: list[float] | None = None, pods: Sequence[str] = (),
+              reports: dict[str, progress.Report] | None = None) -> tuple[layout.Listing, _Worker | None]:
         """Answer one request on `worker` (or a fresh one); the listing and the worker to put back in its slot
-        (a replacement, already starting, when this one had to go)."""
+        (a replacement, already starting, when this one had to go). `used[0]` gets the seconds the request
+        itself took (a worker's start-up is not the root's doing)."""
         self._reap()
         # Keys travel on the worker's stdin, never its command line (visible to every process on the node).
         message: dict[str, Any] = {"root": root, "area": area, "job": job, "starts": list(starts)}
+        if pods:
+            message["pods"] = list(pods)
         if s3 is not None:
             message["s3"] = dataclasses.asdict(s3)
         request = json.dumps(message).encode() + b"\n"
@@ -179,7 +293,10 @@ class DiscoveryPool:
                     return _failed(root, layout.REASON_DISCOVERY_FAILED,
                                    f"a checkpoint discovery worker {why} while starting"), self._spawn()
                 worker.ready = True
+            began = time.monotonic()
             line = self._exchange(worker, request, deadline)
+            if used is not None:
+                used[0] += time.monotonic() - began
             if line == b"" and retry:
                 retry = False
                 self._kill(worker)
@@ -200,6 +317,8 @@ class DiscoveryPool:
             answer = json.loads(line)
             listing = layout.Listing.from_dict(answer["listing"])
             recycle = bool(answer.get("recycle"))
+            if reports is not None:
+                reports.update(_reports_from(answer.get("reports"), pods))
         except (ValueError, KeyError, TypeError):
             self._kill(worker)
             return (_failed(root, layout.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"),
@@ -364,6 +483,18 @@ def shutdown() -> None:
         old.close()
 
 
+def discover_with_reports(root: str, namespace: str, job: str | None = None,
+                          starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
+                          ) -> tuple[layout.Listing, dict[str, progress.Report]]:
+    """The operator's entry point for a job's checkpoints and its own pods' progress reports."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = DiscoveryPool(DiscoverySettings.from_environ())
+        pool = _pool
+    return pool.discover_with_reports(root, namespace, job, starts, pods)
+
+
 def discover(root: str, namespace: str, job: str | None = None,
              starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
     """The operator's entry point: the pool from `start`, or one built from the environment on first use."""
@@ -411,6 +542,7 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
         if not line:
             return
         _limit(resource.RLIMIT_CPU, int(_cpu_used()) + cpu_seconds)  # per call: SIGXCPU past it
+        found: dict[str, Any] = {}
         try:
             request = json.loads(line)
             job = request.get("job")
@@ -418,6 +550,9 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             s3 = _credentials(request.get("s3"))
             listing = layout.discover(str(request["root"]), str(request["area"]), limits,
                                       job=str(job) if job is not None else None, starts=starts, s3=s3)
+            pods = request.get("pods") or []
+            if pods and s3 is None and not listing.error:
+                found = read_reports(str(request["root"]), str(request["area"]), pods)
             if s3 is not None:
                 listing = _redacted(listing, s3.secrets())
         except MemoryError:
@@ -426,10 +561,59 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "the discovery worker got a malformed request")
         rss = _current_rss()
         recycle = rss > RECYCLE_RSS_BYTES or listing.reason == layout.REASON_DISCOVERY_FAILED
-        stdout.write(json.dumps({"listing": listing.to_dict(), "recycle": recycle}).encode() + b"\n")
+        stdout.write(json.dumps({"listing": listing.to_dict(), "recycle": recycle, "reports": found}).encode()
+                     + b"\n")
         stdout.flush()
         if recycle:
             return
+
+
+def read_reports(root: str, area: str, pods: Any) -> dict[str, Any]:
+    """Inside the worker: each named pod's progress report, read relative to the root's directory fd (the root
+    opened as discovery opens it: inside the area, no symlink below it), no link followed on the way, at most
+    MAX_REPORT_BYTES each, parsed and bounded; pod -> its fields, absent when there is no valid report."""
+    out: dict[str, Any] = {}
+    if not isinstance(pods, list):
+        return out
+    try:
+        store = layout.open_root(root, area)
+    except (OSError, ValueError):
+        return out
+    try:
+        for pod in pods[:MAX_REPORTED_PODS]:
+            if not isinstance(pod, str) or not _POD_NAME_RE.fullmatch(pod):
+                continue
+            try:
+                raw = store.read_bytes(f"{progress.DIRNAME}/{pod}.json", progress.MAX_REPORT_BYTES)
+            except OSError:  # a symlink, FIFO, oversize file...: no report
+                continue
+            report = progress.parse_report(raw, pod) if raw is not None else None
+            if report is not None:
+                out[pod] = dataclasses.asdict(report)
+    finally:
+        store.close()
+    return out
+
+
+def _reports_from(data: Any, pods: Sequence[str]) -> dict[str, progress.Report]:
+    """The worker's reports, checked again on this side: only pods asked for, every field re-validated."""
+    out: dict[str, progress.Report] = {}
+    if not isinstance(data, dict):
+        return out
+    for pod in pods:
+        fields = data.get(pod)
+        if not isinstance(fields, dict):
+            continue
+        doc = {"pod": fields.get("pod"), "attempt": fields.get("attempt"), "step": fields.get("step"),
+               "time": fields.get("time"), "firstStepAt": fields.get("first_step_at"),
+               "stepSeconds": fields.get("step_seconds"), "slowestRank": fields.get("slowest_rank")}
+        try:
+            report = progress.parse_report(json.dumps(doc).encode(), pod)
+        except (TypeError, ValueError):
+            continue
+        if report is not None:
+            out[pod] = report
+    return out
 
 
 def _credentials(data: Any) -> S3Credentials | None:

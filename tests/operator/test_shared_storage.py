@@ -149,7 +149,7 @@ def test_the_shell_marks_the_younger_job_and_skips_its_discovery(monkeypatch: py
     def no_discovery(*args: Any) -> Any:
         raise AssertionError("a job that cannot launch needs no discovery")
 
-    monkeypatch.setattr(discovery, "discover", no_discovery)
+    monkeypatch.setattr(discovery, "discover_with_reports", no_discovery)
     cache = _Cache(obj("old", "2026-01-01T00:00:00Z"), obj("new", "2026-01-02T00:00:00Z", phase=None))
     observed = controller.observe(cache, "ml", "new")  # type: ignore[arg-type]
     assert observed is not None and observed[1].root_in_use_by == "ml/old"

@@ -21,7 +21,7 @@ import pytest
 
 from resilient_contract import completion, layout, lineage, progress
 from resilient_operator import constants as c
-from resilient_operator import controller, views
+from resilient_operator import controller, discovery, views
 from resilient_operator.core import reconcile
 from resilient_operator.core.plan import Plan
 from resilient_operator.core.timeutil import fmt, parse
@@ -196,12 +196,19 @@ def test_a_report_from_beyond_year_9999_or_deeply_nested_is_no_report(tmp_path: 
     reports = adversarial_reports(POD)
     for raw in (reports[0], reports[11]):
         (root / progress.DIRNAME / f"{POD}.json").write_bytes(raw)
-        assert controller.read_progress(job, pods, NOW) == []
+        assert controller.read_progress(job, pods, NOW, sandboxed_read(root, pods)) == []
     good = json.dumps({"pod": POD, "attempt": 1, "step": 5, "time": NOW.timestamp() + 10**6,
                        "firstStepAt": NOW.timestamp() + 10**6}).encode()
     (root / progress.DIRNAME / f"{POD}.json").write_bytes(good)
-    (report,) = controller.read_progress(job, pods, NOW)
+    (report,) = controller.read_progress(job, pods, NOW, sandboxed_read(root, pods))
     assert report.updated <= NOW and report.first_step_at is not None and report.first_step_at <= NOW
+
+
+def sandboxed_read(root: Path, pods: list[Any]) -> dict[str, progress.Report]:
+    """What a discovery worker answers for these pods (the same function, run here in-process), checked again
+    on the operator's side as the pool does."""
+    names = [p.name for p in pods]
+    return discovery._reports_from(discovery.read_reports(str(root), str(root.parent), names), names)
 
 
 def _pod_object(rank: int, *, labels: dict[str, Any] | None = None, annotations: dict[str, Any] | None = None,
@@ -269,7 +276,7 @@ def test_reconcile_always_plans_and_writes_a_valid_status_whatever_the_tenant_wr
         finished = rng.choice([None, "garbage", "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"])
         pods.append(views.pod_view(_pod_object(rank, labels=labels, annotations=annotations, message=message,
                                                finished=finished)))
-    reports = controller.read_progress(job, pods, NOW)
+    reports = controller.read_progress(job, pods, NOW, sandboxed_read(root, pods))
     plan = reconcile(job, pods, healthy(4), listing(40), NOW, progress=reports)
     assert_writable(plan)
     # and the next pass, from what this one wrote, with the reports still there

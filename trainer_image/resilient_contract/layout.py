@@ -480,7 +480,7 @@ def _incomplete_because(store: CheckpointStore, name: str, limits: dcp_metadata.
     cached = _PARSED.get(key)
     if cached is not None:
         _PARSED.move_to_end(key)
-        return _shards_missing(store, name, cached)
+        return cached if isinstance(cached, str) else _shards_missing(store, name, cached)
     try:
         data = store.read_bytes(meta_rel, limits.max_bytes)
     except UnsafeEntry as exc:
@@ -488,6 +488,18 @@ def _incomplete_because(store: CheckpointStore, name: str, limits: dcp_metadata.
                                                                           f"{limits.max_bytes}-byte cap"
     if data is None:
         return "no .metadata (save incomplete or in progress)"
+    verdict = _parse_needed(data, limits)
+    after = store.stat_entry(meta_rel)
+    if after is not None and (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns,
+                              limits) == key:  # unchanged while parsed: remember what it references, or why not
+        _PARSED[key] = verdict
+        while len(_PARSED) > MAX_PARSED_CACHED:
+            _PARSED.popitem(last=False)
+    return verdict if isinstance(verdict, str) else _shards_missing(store, name, verdict)
+
+
+def _parse_needed(data: bytes, limits: dcp_metadata.Limits) -> dict[str, int] | str:
+    """What a `.metadata` needs (shard -> bytes), or why it is refused."""
     try:
         entries = dcp_metadata.storage_entries(data, limits)
     except dcp_metadata.UnsafeMetadata as exc:
@@ -502,19 +514,14 @@ def _incomplete_because(store: CheckpointStore, name: str, limits: dcp_metadata.
         needed[rel] = max(needed.get(rel, 0), entry.offset + entry.length)
         if len(needed) > MAX_SHARD_FILES:
             return f".metadata references more than {MAX_SHARD_FILES} shard files"
-    after = store.stat_entry(meta_rel)
-    if after is not None and (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns,
-                              limits) == key:  # unchanged while parsed: remember what it references
-        _PARSED[key] = needed
-        while len(_PARSED) > MAX_PARSED_CACHED:
-            _PARSED.popitem(last=False)
-    return _shards_missing(store, name, needed)
+    return needed
 
 
 # Parsed `.metadata` by its stat signature (device, inode, size, mtime, ctime): a poll of an unchanged
 # checkpoint re-checks its shards only. Parsing is the costly part (a pure-Python reader, ~2 MB/s per core).
+# A refusal (malformed, unsafe) is remembered the same way: an unchanged costly-to-reject file is parsed once.
 MAX_PARSED_CACHED = 64
-_PARSED: OrderedDict[tuple[Any, ...], dict[str, int]] = OrderedDict()
+_PARSED: OrderedDict[tuple[Any, ...], dict[str, int] | str] = OrderedDict()
 
 
 def _shards_missing(store: CheckpointStore, name: str, needed: dict[str, int]) -> str | None:

@@ -55,6 +55,9 @@ def open_recovery(status: MutableMapping[str, Any], kind: str, occurred: datetim
     if gp.get("open"):
         close(status, now)  # broke again mid-recovery: what was spent so far is lost
     gp.pop("asOf", None)
+    start = parse(status.get("startTime"))
+    if start is not None:  # a claimed last sign of life (a hang's stall) never predates the job itself
+        occurred = max(occurred, start)
     entry: dict[str, Any] = {"kind": kind, "occurredAt": _stamp(min(occurred, now)), "detectedAt": _stamp(now)}
     if reached_step is not None:
         entry["reachedStep"] = reached_step

@@ -198,6 +198,24 @@ def reconcile(
     return ctx.plan
 
 
+def needs_discovery(job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], now: datetime,
+                    config: OperatorConfig = DEFAULT_CONFIG) -> bool:
+    """Whether this pass needs the checkpoint root read. Not for a finished job, nor for one between attempts
+    whose pods are gone and that could not launch even with a checkpoint: below its minimum on the healthy
+    nodes (waiting for capacity). Such jobs are looked at on every node event, and reading a root costs a
+    sandboxed worker: a few jobs that can never fit must not keep every worker busy. A pass without the
+    listing never launches (see _storage_ok): skipping can only delay, never change, a decision."""
+    if job.problem or job.root_in_use_by:
+        return False
+    phase = job.status.get("phase") or c.PENDING
+    if phase in c.TERMINAL_PHASES:
+        return False
+    if phase in ACTIVE or job.spec.suspend or job.queue_name or any(p.owner_uid == job.uid for p in pods):
+        return True
+    ctx = _Ctx(job, [], node_map, Listing("", None), now, config=config)
+    return _target_replicas(ctx)[0] is not None
+
+
 def _kueue_status(ctx: _Ctx) -> dict[str, Any]:
     kq: dict[str, Any] = ctx.status.setdefault("kueue", {})
     kq["queueName"] = ctx.job.queue_name
@@ -311,6 +329,8 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
 
 def _observe_checkpoints(ctx: _Ctx) -> None:
     listing, st = ctx.listing, ctx.status
+    if listing.reason == c.DISCOVERY_SKIPPED:  # not read this pass (needs_discovery): nothing new is known
+        return
     if other := ctx.job.root_in_use_by:  # two gangs writing one root would resume from each other's saves
         message = (f"checkpoint root {ctx.spec.checkpoint_root} is already used by live job {other}; no pods are "
                    "created: give this job its own spec.checkpoint.root, or set spec.checkpoint.shareRoot: true "
@@ -352,6 +372,9 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
 
 def _storage_ok(ctx: _Ctx) -> bool:
     if ctx.job.root_in_use_by:
+        return False
+    if ctx.listing.reason == c.DISCOVERY_SKIPPED:  # capacity came back after all: read the root, then launch
+        ctx.plan.look_again(DISCOVERY_BUSY_RETRY_SECONDS)
         return False
     return not (ctx.listing.error and (not ctx.listing.missing or ctx.status.get("latestCheckpoint")))
 
