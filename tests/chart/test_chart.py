@@ -31,17 +31,30 @@ NAMESPACE = "rtj-system"
 # places that list them. Every namespace watched: all in the ClusterRole. watchNamespaces set: the
 # namespaced rules in a Role per watched namespace, the cluster facts in the ClusterRole.
 RBAC_NAMESPACED = {
-    ("training.resilient.dev", "resilienttrainingjobs"): {"get", "list", "watch"},  # kopf watch + fresh reads
-    ("training.resilient.dev", "resilienttrainingjobs/status"): {"get", "patch"},  # the only writer of status
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},  # create gangs, fence, list by label
-    ("", "services"): {"get", "create"},  # the headless rendezvous Service
-    ("", "events"): {"create", "patch"},  # kubectl describe tells the story; kopf's own events
+    ("training.resilient.dev", "resilienttrainingjobs"): {"list", "watch"},  # the cache; never a get by name
+    ("training.resilient.dev", "resilienttrainingjobs/status"): {"patch"},  # the only writer of status
+    ("", "pods"): {"list", "watch", "create", "delete"},  # create gangs, fence, the cache
+    ("", "services"): {"create"},  # the headless rendezvous Service (AlreadyExists is fine)
+    ("", "events"): {"create"},  # kubectl describe tells the story; kopf's own events
     ("policy", "poddisruptionbudgets"): {"create", "delete"},  # one per attempt: kubectl drain waits
 }
 RBAC_CLUSTER = {
-    ("", "nodes"): {"get", "list", "watch"},  # node loss, capacity
-    ("coordination.k8s.io", "leases"): {"get", "list", "watch"},  # node heartbeats (kube-node-lease)
+    ("", "nodes"): {"list", "watch"},  # node loss, capacity (the cache)
 }
+# Node heartbeats: a Role in kube-node-lease only, in every mode (issue 25: no other namespace's Leases).
+RBAC_NODE_LEASES = {("coordination.k8s.io", "leases"): {"list", "watch"}}
+NODE_LEASES_ROLE = "-node-leases"  # the suffix of that Role's (and its binding's) name
+
+
+def node_lease_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one Role that grants node Leases: in kube-node-lease, list + watch, bound to the operator."""
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    assert role["metadata"]["namespace"] == "kube-node-lease"
+    assert granted(role) == RBAC_NODE_LEASES
+    (binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    assert binding["metadata"]["namespace"] == "kube-node-lease"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    return role
 RBAC = RBAC_NAMESPACED | RBAC_CLUSTER
 # kueue.enabled: the operator's Workloads beside the job rules; Kueue's cluster-scoped flavors and priorities.
 RBAC_KUEUE_NAMESPACED = {
@@ -150,7 +163,7 @@ def test_every_rendered_object_validates_against_kubernetes_1_34(helm: str, tmp_
     docs = render(helm, tmp_path, STORAGE_MODES[mode], "--include-crds")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Service", "Deployment", "NetworkPolicy"])  # fmt: skip
+                            "Service", "Deployment", "NetworkPolicy", "Role", "RoleBinding"])  # fmt: skip
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -300,7 +313,8 @@ def test_cluster_role_is_exactly_the_least_privilege_table(helm: str, tmp_path: 
     docs = render(helm, tmp_path)
     role = one(docs, "ClusterRole")
     assert granted(role) == RBAC
-    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    node_lease_role(docs)  # and no other Role
+    assert len(by_kind(docs, "Role")) == 1 and len(by_kind(docs, "RoleBinding")) == 1
 
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -467,7 +481,8 @@ def test_standard_labels_on_every_object(helm: str, tmp_path: Path) -> None:
         assert labels["app.kubernetes.io/part-of"] == "resilient-training"
         assert labels["app.kubernetes.io/component"] == "operator"
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
-            assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
+            expected = "kube-node-lease" if doc["metadata"]["name"].endswith(NODE_LEASES_ROLE) else NAMESPACE
+            assert doc["metadata"]["namespace"] == expected, doc["kind"]
     deploy = one(docs, "Deployment")
     selector = deploy["spec"]["selector"]["matchLabels"]
     assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance"}  # immutable: no version

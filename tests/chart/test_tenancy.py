@@ -19,6 +19,7 @@ from tests.chart.test_chart import (
     CHART,
     KUBE_VERSION,
     NAMESPACE,
+    NODE_LEASES_ROLE,
     RBAC,
     RBAC_CLUSTER,
     RBAC_NAMESPACED,
@@ -28,6 +29,7 @@ from tests.chart.test_chart import (
     env_of,
     granted,
     helm,  # noqa: F401  (fixture)
+    node_lease_role,
     one,
     render,
     run_helm,
@@ -52,8 +54,10 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
     cluster_role = one(docs, "ClusterRole")
     assert granted(cluster_role) == RBAC_CLUSTER  # nodes and Leases, read-only
     assert all(set(verbs) <= {"get", "list", "watch"} for verbs in granted(cluster_role).values())
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
+             if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
     assert set(roles) == {"ml-a", "ml-b", NODE_LEASE_NS}
+    node_lease_role(docs)  # the Leases: only there
     for ns in ("ml-a", "ml-b"):
         assert granted(roles[ns]) == RBAC_NAMESPACED, ns
     assert granted(roles[NODE_LEASE_NS]) == RBAC_NODE_LEASE_NS
@@ -61,7 +65,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
     assert granted(roles["ml-a"]) | granted(cluster_role) == RBAC
 
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
-    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")}
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
+                if not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
     assert set(bindings) == set(roles)
     for ns, binding in bindings.items():
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -74,7 +79,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
 
 def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path, {"watchNamespaces": ["ml-a", NODE_LEASE_NS]})
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
+             if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
     assert sorted(roles) == ["kube-node-lease", "ml-a"]  # no duplicate Role (the install would fail)
     assert granted(roles[NODE_LEASE_NS]) == RBAC_NAMESPACED
 
@@ -82,7 +88,8 @@ def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_
 def test_every_namespace_watched_keeps_one_cluster_role(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path)
     assert granted(one(docs, "ClusterRole")) == RBAC
-    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    node_lease_role(docs)
+    assert len(by_kind(docs, "Role")) == 1 and len(by_kind(docs, "RoleBinding")) == 1
 
 
 # ---- the discovery sandbox's values --------------------------------------------------------------------

@@ -81,30 +81,31 @@ The operator's rights on namespaced objects: in the ClusterRole when every names
 Role per namespace when watchNamespaces is set. Every verb is something the operator does.
 */}}
 {{- define "rto.namespacedRules" -}}
-# The jobs: kopf watches them (list + watch), and the operator reads a fresh copy (get) before it
-# decides. It never changes a job's spec.
+# The jobs: watched into the operator's cache (list + watch). It never changes a job's spec, and never
+# reads one by name (no get): every read comes from the cache.
 - apiGroups: ["training.resilient.dev"]
   resources: ["resilienttrainingjobs"]
-  verbs: ["get", "list", "watch"]
-# Status: the operator is the only writer of a job's status (one patch per reconcile).
+  verbs: ["list", "watch"]
+# Status: the operator is the only writer of a job's status (one patch per reconcile). Never grant
+# tenants this subresource: status is what the operator trusts (attempt, history, bad nodes).
 - apiGroups: ["training.resilient.dev"]
   resources: ["resilienttrainingjobs/status"]
-  verbs: ["get", "patch"]
-# Worker pods: create a gang; delete (force-delete on lost nodes) to fence a broken attempt; list by
-# job label for a fresh view after an operator restart; watch for failures; get one pod.
+  verbs: ["patch"]
+# Worker pods: create a gang; delete (force-delete on lost nodes) to fence a broken attempt; list +
+# watch into the cache (failures, deletions). No get: nothing reads a pod by name.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 # The headless rendezvous Service of each job (created once, owned by the job; garbage-collected
-# with it, so no delete).
+# with it, so no delete; AlreadyExists is fine, so no get).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create"]
+  verbs: ["create"]
 # Events on the jobs, so `kubectl describe rtj` tells the story (node lost, restarted 4 -> 3
-# from step N); kopf posts its own handler events through the core API.
+# from step N); kopf posts its own events the same way (create only).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 # The attempt's PodDisruptionBudget (maxUnavailable 0): `kubectl drain` waits while the operator stops
 # the whole gang gracefully itself, instead of evicting rank by rank. Created with each attempt, deleted
 # when the next one starts or the job ends (owned by the job, so garbage-collected with it too).
