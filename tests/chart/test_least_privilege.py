@@ -68,3 +68,60 @@ def test_the_verbs_dropped_have_no_caller() -> None:
     assert code.count(".patch_node(") == 1 and code.count(".read_node(") == 1
     # node Leases: listed and watched in kube-node-lease only
     assert re.findall(r"list_namespaced_lease\(([A-Z_]+)", code) == ["NODE_LEASE_NAMESPACE"]
+
+
+# ---- the example admission policy: the Pod Security baseline, and no inline network volumes ------------------
+def _hostile() -> list[tuple[str, dict[str, Any], str]]:
+    from tests.chart.test_tenancy import with_container, with_pod
+
+    def annotated(value: str) -> dict[str, Any]:
+        job = with_pod()
+        job["spec"]["template"].setdefault("metadata", {}).setdefault("annotations", {})[
+            "container.apparmor.security.beta.kubernetes.io/trainer"] = value
+        return job
+
+    return [
+        ("inline nfs", with_pod(volumes=[{"name": "n", "nfs": {"server": "10.0.0.5", "path": "/exports/other-ns"}}]),
+         "inline network volumes"),
+        ("inline iscsi", with_pod(volumes=[{"name": "i", "iscsi": {"targetPortal": "10.0.0.6:3260",
+                                                                  "iqn": "iqn.x", "lun": 0}}]), "inline network"),
+        ("inline cephfs", with_pod(volumes=[{"name": "c", "cephfs": {"monitors": ["10.0.0.7"]}}]), "inline network"),
+        ("gitRepo", with_pod(volumes=[{"name": "g", "gitRepo": {"repository": "https://x"}}]), "inline network"),
+        ("hostProcess", with_pod(securityContext={"windowsOptions": {"hostProcess": True}}), "hostProcess"),
+        ("unconfined seccomp (pod)", with_pod(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+         "seccompProfile"),
+        ("unconfined seccomp (container)", with_container(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+         "seccompProfile"),
+        ("unconfined AppArmor", with_container(securityContext={"appArmorProfile": {"type": "Unconfined"}}),
+         "appArmorProfile"),
+        ("unconfined AppArmor annotation", annotated("unconfined"), "AppArmor"),
+        ("SELinux spc_t", with_container(securityContext={"seLinuxOptions": {"type": "spc_t"}}), "seLinuxOptions"),
+        ("SELinux user", with_pod(securityContext={"seLinuxOptions": {"user": "system_u"}}), "seLinuxOptions"),
+        ("unmasked /proc", with_container(securityContext={"procMount": "Unmasked"}), "procMount"),
+        ("unsafe sysctl", with_pod(securityContext={"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}),
+         "sysctls"),
+    ]
+
+
+def _compliant() -> list[tuple[str, dict[str, Any]]]:
+    from tests.chart.test_tenancy import with_container, with_pod
+
+    return [
+        ("a PVC volume", with_pod(volumes=[{"name": "ck", "persistentVolumeClaim": {"claimName": "ckpt"}}])),
+        ("RuntimeDefault seccomp", with_pod(securityContext={"seccompProfile": {"type": "RuntimeDefault"}})),
+        ("container_t", with_container(securityContext={"seLinuxOptions": {"type": "container_t"}})),
+        ("a safe sysctl", with_pod(securityContext={"sysctls": [{"name": "net.ipv4.tcp_keepalive_time",
+                                                                 "value": "60"}]})),
+        ("Default procMount", with_container(securityContext={"procMount": "Default"})),
+    ]
+
+
+def test_policy_refuses_the_baseline_and_inline_network_volumes(helm: str, tmp_path: Path) -> None:  # noqa: F811
+    from tests.chart.test_tenancy import admission_docs, refusals
+
+    policy, _ = admission_docs(helm, tmp_path)
+    for case, job, field in _hostile():
+        found = refusals(policy, job)
+        assert len(found) == 1 and field in found[0], (case, found)
+    for case, job in _compliant():
+        assert refusals(policy, job) == [], case
