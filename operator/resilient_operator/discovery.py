@@ -32,6 +32,7 @@ line), and an error the store echoes is redacted before it leaves the worker.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import logging
@@ -344,6 +345,7 @@ class DiscoveryPool:
     def _spawn(self) -> _Worker | None:
         cpu = int(self.config.timeout_seconds) + 2
         command = [*self.prefix, sys.executable, "-P", "-m", "resilient_operator.discovery", "--worker",
+               *(a for root in self.config.read_roots() for a in ("--read-root", root)),
                    "--memory-bytes", str(self.config.memory_bytes), "--cpu-seconds", str(cpu),
                    "--metadata-max-bytes", str(self.config.metadata_max_bytes),
                    "--max-steps", str(self.config.max_steps)]  # fmt: skip
@@ -659,6 +661,7 @@ def worker_main(argv: list[str]) -> None:
     parser.add_argument("--metadata-max-bytes", type=int, required=True)
     parser.add_argument("--max-steps", type=int, required=True)
     parser.add_argument("--object-store", action="store_true", help="import the S3 client now")
+    parser.add_argument("--read-root", action="append", default=[], help="a tree the worker may read")
     args = parser.parse_args(argv)
     _limit(resource.RLIMIT_CORE, 0, 0)
     _limit(resource.RLIMIT_FSIZE, 0, 0)
@@ -671,7 +674,61 @@ def worker_main(argv: list[str]) -> None:
             s3store.warm_up()
     limits = layout.ScanLimits(max_steps=args.max_steps,
                                metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
+    if args.read_root and not confine(args.read_root):
+        sys.stderr.write("discovery worker: Landlock is not available; the worker is not confined to the "
+                         "checkpoint storage (it can read what the operator's uid can)\n")
     serve(sys.stdin.buffer, sys.stdout.buffer, limits, args.cpu_seconds)
+
+
+# ---- confinement (Landlock) ----------------------------------------------------------------------------
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446  # every Linux arch
+_PR_SET_NO_NEW_PRIVS = 38
+_FS_ALL_V1 = (1 << 13) - 1  # every filesystem right of Landlock ABI 1 (execute ... make_sym)
+_FS_READ = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def confine(read_roots: Sequence[str]) -> bool:
+    """Restrict this process, for good, to reading the checkpoint storage (`read_roots`), its own Python
+    installation and the few system files a TLS client needs: the operator's ServiceAccount token, the mounted
+    object-store keys and everything else of the operator's stay unreadable even though the worker runs
+    under the operator's uid. Landlock needs no privilege (Linux 5.13+); False where it is unavailable."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        attr = _RulesetAttr(_FS_ALL_V1)
+        ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    except (OSError, AttributeError):
+        return False
+    if ruleset < 0:
+        return False
+    try:
+        python = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p)}
+        system = ("/etc/ssl", "/etc/pki", "/etc/ca-certificates", "/usr/share/ca-certificates", "/etc/resolv.conf",
+                  "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/localtime", "/usr/share/zoneinfo",
+                  "/proc/self", "/dev/null", "/dev/urandom")  # fmt: skip
+        for path in [*read_roots, *sorted(python), *system]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # absent here
+            try:
+                rule = _PathBeneath(_FS_READ if os.path.isdir(path) else 1 << 2, fd)
+                libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)  # 1: PATH_BENEATH
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return False
+        return bool(libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) == 0)
+    finally:
+        os.close(ruleset)
 
 
 if __name__ == "__main__":

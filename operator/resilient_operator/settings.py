@@ -78,6 +78,10 @@ class DiscoverySettings:
     object_areas: tuple[ObjectStoreArea, ...] = ()  # RTJ_OBJECT_STORE_AREAS
     object_secrets_dir: str = OBJECT_STORE_SECRETS_DIR  # RTJ_OBJECT_STORE_SECRETS_DIR
 
+    def read_roots(self) -> list[str]:
+        """What a discovery worker may read: the checkpoint mount and every mapped area (discovery.confine)."""
+        return sorted({self.checkpoint_mount, *self.storage_areas.values()})
+
     def area_for(self, namespace: str) -> str:
         """Where a namespace's checkpoint roots must lie: its RTJ_STORAGE_AREAS entry or <mount>/<namespace>."""
         return self.storage_areas.get(namespace) or posixpath.join(self.checkpoint_mount, namespace)
