@@ -107,7 +107,8 @@ class KwokCluster:
         cl.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
         cl.host_path(support.HOST_DIR).mkdir(parents=True, exist_ok=True)
         cl.kubectl("create", "namespace", support.OPERATOR_NS)
-        extra = ["--set", f"resources.limits.memory={memory_limit}"]
+        # one replica: the figures are one operator's; a standby would double the watch load on the 2 cores
+        extra = ["--set", f"resources.limits.memory={memory_limit}", "--set", "replicaCount=1"]
         cl.helm("install", support.RELEASE, str(support.CHART), "--namespace", support.OPERATOR_NS, "--wait",
                 "--timeout", "180s", "--set", f"checkpointStorage.hostPath={support.HOST_DIR}",
                 "--set", f"checkpointStorage.mountPath={support.MOUNT}", "--set", "nodeSelector.role=infra",

@@ -168,20 +168,61 @@ def make_checkpoint(root: Path, step: int) -> Path:
 OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 
 
-def operator_pod(cl: Cluster) -> Any:
-    """The operator's live pod (not terminating), or None."""
+LEASE_NAME = f"{RELEASE}-resilient-training-operator"  # the leader Lease (the chart's fullname), in OPERATOR_NS
+
+
+def operator_pods(cl: Cluster) -> list[Any]:
+    """The operator's live pods (not terminating): the leader and its standbys."""
     pods = core(cl).list_namespaced_pod(OPERATOR_NS, label_selector=OPERATOR_SELECTOR).items
-    live = [p for p in pods if p.metadata.deletion_timestamp is None]
-    return live[0] if len(live) == 1 else None
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
 
 
-def operator_pid(cl: Cluster) -> int | None:
-    """The operator process's pid on this machine (pods are processes; containerID names the pid)."""
-    pod = operator_pod(cl)
+def leader_lease(cl: Cluster) -> Any:
+    """The operators' leader Lease (coordination.k8s.io/v1), or None before the first election."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return client.CoordinationV1Api(cl.api_client()).read_namespaced_lease(LEASE_NAME, OPERATOR_NS)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def leader_name(cl: Cluster) -> str | None:
+    """The pod the leader Lease names (holderIdentity), or None (no Lease, or released)."""
+    lease = leader_lease(cl)
+    return (lease.spec.holder_identity or None) if lease is not None else None
+
+
+def operator_pod(cl: Cluster) -> Any:
+    """The leading operator's live pod: the one the leader Lease names; with none of the live pods named
+    (before the first election, or while a deleted leader's Lease runs out) the only live pod if there is
+    exactly one (a one-replica install); else None."""
+    name = leader_name(cl)
+    pods = operator_pods(cl)
+    named = next((p for p in pods if p.metadata.name == name), None) if name else None
+    return named if named is not None else (pods[0] if len(pods) == 1 else None)
+
+
+def standby_pods(cl: Cluster) -> list[Any]:
+    """The live operator pods that do not lead."""
+    name = leader_name(cl)
+    return [p for p in operator_pods(cl) if p.metadata.name != name]
+
+
+def pod_pid(pod: Any) -> int | None:
+    """The pid of a pod's (first) running container on this machine (containerID names the pid)."""
     statuses = (pod.status.container_statuses or []) if pod else []
     if not statuses or not statuses[0].state.running or not statuses[0].container_id:
         return None
     return int(statuses[0].container_id.rsplit("/", 1)[-1])
+
+
+def operator_pid(cl: Cluster) -> int | None:
+    """The leading operator process's pid on this machine (pods are processes)."""
+    return pod_pid(operator_pod(cl))
 
 
 def operator_restarts(cl: Cluster) -> int:
@@ -189,33 +230,77 @@ def operator_restarts(cl: Cluster) -> int:
     return sum(s.restart_count for s in (pod.status.container_statuses or [])) if pod else 0
 
 
+def operator_replicas(cl: Cluster) -> int:
+    """The replicas the operator's Deployment asks for."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(cl.api_client())
+    deployments = apps.list_namespaced_deployment(OPERATOR_NS, label_selector=OPERATOR_SELECTOR).items
+    return int(deployments[0].spec.replicas) if deployments else 1
+
+
 def wait_operator_ready(cl: Cluster, timeout: float = 120) -> Any:
-    """Until exactly one operator pod runs with a live process (its kopf watches start within seconds)."""
+    """Until every replica the Deployment asks for runs a live process and one of them holds the leader
+    Lease; returns the leader's pod."""
 
     def ready() -> Any:
-        pod = operator_pod(cl)
-        if pod is None or pod.status.phase != "Running" or operator_pid(cl) is None:
+        pods = operator_pods(cl)
+        if len(pods) < operator_replicas(cl) or any(p.status.phase != "Running" or pod_pid(p) is None for p in pods):
             return None
-        return pod
+        pod = operator_pod(cl)
+        return pod if pod is not None and pod_pid(pod) is not None else None
 
-    return wait_for(ready, timeout, "the operator pod running")
+    return wait_for(ready, timeout, "the operator pods running, one of them leading")
 
 
 def crash_operator(cl: Cluster) -> int:
-    """SIGKILL the operator process (a crash: no cleanup); its pod restarts the container. Old pid."""
+    """SIGKILL the leading operator process (a crash: no cleanup); its pod restarts the container, which
+    takes its own Lease back (or a standby takes it once it expires). Old pid."""
     import os
     import signal
 
-    pid = wait_for(lambda: operator_pid(cl), 60, "the operator process")
-    before = operator_restarts(cl)
+    pod = wait_for(lambda: (p := operator_pod(cl)) is not None and pod_pid(p) is not None and p, 60,
+                   "the leading operator process")  # fmt: skip
+    pid, name = pod_pid(pod), pod.metadata.name
+    assert pid is not None
+    before = sum(s.restart_count for s in (pod.status.container_statuses or []))
+
+    def restarted() -> bool:
+        same = next((p for p in operator_pods(cl) if p.metadata.name == name), None)
+        again = same is None or sum(s.restart_count for s in (same.status.container_statuses or [])) > before
+        return again and operator_pid(cl) not in (None, pid)
+
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: operator_restarts(cl) > before and operator_pid(cl) not in (None, pid), 90,
-             "the operator container restarted")  # fmt: skip
+    wait_for(restarted, 90, "the operator container restarted and a leader running")
     return int(pid)
 
 
+def restart_operators(cl: Cluster) -> None:
+    """SIGKILL every replica's process at once (each container restarts in its pod): every process then runs
+    under the cluster's current RBAC. The pod the Lease names takes it back, as a lone operator would."""
+    import os
+    import signal
+
+    pods = wait_for(lambda: (ps := operator_pods(cl)) and all(pod_pid(p) for p in ps) and ps, 60,
+                    "the operator processes")  # fmt: skip
+    before = {p.metadata.name: (pod_pid(p), sum(s.restart_count for s in (p.status.container_statuses or [])))
+              for p in pods}
+    for pid, _ in before.values():
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = {p.metadata.name: p for p in operator_pods(cl)}
+        return all(name not in now or (sum(s.restart_count for s in (now[name].status.container_statuses or []))
+                                       > count and pod_pid(now[name]) not in (None, pid))
+                   for name, (pid, count) in before.items())
+
+    wait_for(restarted, 90, "every operator container restarted")
+
+
 def delete_operator_pod(cl: Cluster) -> None:
-    """Force-delete the operator's pod (no grace): the Deployment makes a new one."""
+    """Force-delete the leading operator's pod (no grace): the Deployment makes a new one, and a live
+    replica leads (a standby at once, after the Lease expires; with one replica, the new pod)."""
     old = wait_for(lambda: operator_pod(cl), 60, "the operator pod").metadata.name
     cl.kubectl("delete", "pod", "-n", OPERATOR_NS, old, "--grace-period=0", "--force", "--wait=false")
     wait_for(lambda: (p := operator_pod(cl)) is not None and p.metadata.name != old, 60, "a new operator pod")
@@ -233,11 +318,12 @@ def process_rss_bytes(pid: int) -> int:
     return 0
 
 
-def operator_metrics(cl: Cluster, timeout: float = 5) -> str:
-    """The operator's Prometheus text, scraped from its pod IP (port 8080) as Prometheus would."""
+def operator_metrics(cl: Cluster, timeout: float = 5, pod: Any = None) -> str:
+    """The leading operator's Prometheus text (or `pod`'s), scraped from its pod IP (port 8080) as Prometheus
+    would."""
     import urllib.request
 
-    pod = operator_pod(cl)
+    pod = pod if pod is not None else operator_pod(cl)
 
     def scrape() -> str:
         with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=timeout) as resp:

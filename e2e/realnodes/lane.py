@@ -175,7 +175,8 @@ def install_operator(cluster: RealCluster, image: images.ImageRef, log_level: st
                  "--set", "image.pullPolicy=Never",
                  "--set", f"checkpointStorage.existingClaim={scenarios.CLAIM}",
                  "--set", f"checkpointStorage.mountPath={support.MOUNT}",
-                 "--set", f"nodeSelector.role={INFRA}", "--set", f"logLevel={log_level}", timeout=240)
+                 "--set", f"nodeSelector.role={INFRA}", "--set", f"logLevel={log_level}",
+                 "--set", "replicaCount=1", timeout=240)  # the lane checks one image's pod; HA: test_ha.py
 
 
 def operator_exec(cluster: RealCluster, *cmd: str) -> Any:

@@ -33,7 +33,6 @@ from e2e.support import (
     RELEASE,
     apply,
     core,
-    crash_operator,
     events,
     job_manifest,
     job_pods,
@@ -44,6 +43,7 @@ from e2e.support import (
     operator_metrics,
     operator_pod,
     operator_restarts,
+    restart_operators,
     running_attempt,
     tiny_job,
     wait_operator_ready,
@@ -319,7 +319,7 @@ def full_rules(cluster: Cluster) -> Any:
     assert sorted(_rule_id(r) for r in rules) == sorted(RULES), "the chart's rules changed: update RULES"
     yield rules
     _set_rules(cluster, rules)
-    crash_operator(cluster)  # a fresh process with every watch under the full role
+    restart_operators(cluster)  # fresh processes (every replica) with every watch under the full role
     wait_operator_ready(cluster)
 
 
@@ -342,7 +342,7 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
     for index, rule in enumerate(full_rules):
         rid = _rule_id(rule)
         _set_rules(cluster, [r for i, r in enumerate(full_rules) if i != index])
-        crash_operator(cluster)
+        restart_operators(cluster)  # every replica: a standby with the old rules' watches would take over
         wait_operator_ready(cluster)
         log_from = len(operator_log(cluster))
         name = f"rbac{index}"

@@ -1,4 +1,4 @@
-"""`python -m resilient_operator`: run the operator (standalone: one active replica, see the chart).
+"""`python -m resilient_operator`: run the operator (replicas elect a leader on a Lease: leader.py).
 
 It takes no arguments: it is configured by environment variables, which the Helm chart sets from its
 values (charts/resilient-training/values.yaml says what each means), and it finds the API server the
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import kopf
 from kopf._core.engines.peering import Identity
 
-from resilient_operator import handlers, settings
+from resilient_operator import handlers, leader, settings
 from resilient_operator.kube import NODE_LEASE_NAMESPACE
 from resilient_operator.settings import Settings
 
@@ -27,7 +27,8 @@ from resilient_operator.settings import Settings
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Only --help: the settings are the environment's (read in settings.py, where each name is defined)."""
     try:
-        names = sorted(set(re.findall(r"\b(RTJ_[A-Z0-9_]+)", inspect.getsource(settings))))
+        source = "".join(inspect.getsource(m) for m in (settings, leader, handlers))
+        names = sorted(set(re.findall(r"\b(RTJ_[A-Z0-9_]+)", source)))
     except OSError:  # installed without sources
         names = ["(the RTJ_* names in resilient_operator/settings.py)"]
     parser = argparse.ArgumentParser(

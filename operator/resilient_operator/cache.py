@@ -160,6 +160,10 @@ class ClusterCache:
                 return obj
         return None
 
+    def job_keys(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every cached job (a new leader looks at each once)."""
+        return [(j["metadata"]["namespace"], j["metadata"]["name"]) for inf in self.jobs for j in inf.items()]
+
     def jobs_with_root(self, root: str) -> list[Obj]:
         """Every cached job whose checkpoint root normalizes to `root` (views.root_key), in any namespace."""
         return [j for inf in self.jobs for j in inf.by_index(root)]

@@ -8,12 +8,18 @@ one of its pods, its Workload, or a node hosting its pods changes; jobs whose si
 (waiting, or running below their desired size) are also queued when any node changes or a lease is seen
 renewed. A lease going stale sends no event, so the core's `requeue_after` (the lease deadline) brings the
 job back instead.
+
+High availability (leader.py): every replica runs its informers and routes events into its queue, but
+only the replica that holds the leader Lease starts the workers that reconcile; a standby's queue just
+collects keys, so at takeover every job is looked at once, from caches that are already warm.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +28,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from resilient_operator import constants as c
-from resilient_operator import controller, discovery, metrics
+from resilient_operator import controller, discovery, leader, metrics
 from resilient_operator.cache import ClusterCache
 from resilient_operator.core import routing
 from resilient_operator.informer import Obj
@@ -50,6 +56,7 @@ class State:
     pods_on_node: dict[str, dict[str, JobKey]] = field(default_factory=lambda: defaultdict(dict))
     errors: dict[JobKey, int] = field(default_factory=dict)  # consecutive failed reconciles, for backoff
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    elector: leader.Elector | None = None
 
 
 def _state(memo: Any) -> State:
@@ -65,7 +72,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
     settings.scanning.disabled = True  # no CRD/namespace discovery: the RBAC grants only what we use
-    settings.peering.standalone = True  # one active replica (the chart's Deployment uses Recreate)
+    settings.peering.standalone = True  # no kopf peering: the leader Lease decides who writes (leader.py)
     load_config()
     state.kube = Kube()
     discovery.start(state.settings.discovery)  # checkpoint discovery's sandboxed worker pool
@@ -85,6 +92,31 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     state.cache.start()
     while not await asyncio.to_thread(state.cache.wait_synced, 10):  # workers read only a filled cache
         log.info("waiting for the caches to sync")
+    if os.environ.get("RTJ_LEADER_ELECTION", "true").strip().lower() == "false":  # one replica, no Lease
+        _start_workers(state)
+        return
+    leading = asyncio.Event()
+    state.elector = leader.Elector(
+        state.kube, os.environ.get("POD_NAMESPACE") or "default",
+        os.environ.get("RTJ_LEADER_LEASE_NAME") or "resilient-training-operator",
+        os.environ.get("POD_NAME") or socket.gethostname(), leader.timings_from_environ(),
+        on_lead=lambda: loop.call_soon_threadsafe(leading.set))
+    state.kube.write_guard = state.elector.ensure  # no write unless the Lease is ours, by our own clock
+    state.tasks.append(asyncio.create_task(_lead(state, leading), name="rtj-lead"))
+    state.elector.start()  # a standby only after its caches are filled: it may take over at any moment
+
+
+async def _lead(state: State, leading: asyncio.Event) -> None:
+    """Standby until the Lease is ours; then reconcile every job once, and everything routed from then on."""
+    log.info("standby: caches warm, waiting for the leader Lease")
+    await leading.wait()
+    assert state.cache is not None
+    for key in state.cache.job_keys():
+        state.queue.add(key)
+    _start_workers(state)
+
+
+def _start_workers(state: State) -> None:
     for index in range(state.settings.workers):
         state.tasks.append(asyncio.create_task(_worker(state), name=f"rtj-worker-{index}"))
 
@@ -94,6 +126,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state = _state(memo)
     for task in state.tasks:
         task.cancel()
+    if state.elector is not None:  # released: a standby takes over within a retry period
+        state.elector.stop(release=True)
     discovery.shutdown()
     if state.cache is not None:
         state.cache.stop()
@@ -117,6 +151,8 @@ async def _worker(state: State) -> None:
                 state.queue.add(key, requeue)
         except Conflict:
             state.queue.add(key)  # someone else wrote first; read again
+        except leader.NotLeader as exc:  # the elector exits the process; nothing more is written
+            log.error("reconcile of %s/%s stopped before writing: %s", *key, exc)
         except Exception as exc:
             failures = state.errors[key] = state.errors.get(key, 0) + 1
             delay = min(ERROR_RETRY_SECONDS * 2 ** (failures - 1), MAX_ERROR_RETRY_SECONDS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,14 +50,50 @@ class Kube:
 
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api = api_client or client.ApiClient()
+        identity = os.environ.get("POD_NAME") or COMPONENT
+        if api_client is None:  # the API server names the field manager after this: each replica's writes show
+            self.api.user_agent = f"{identity}/{COMPONENT}"  # as its own in managedFields (who wrote what)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.policy = client.PolicyV1Api(self.api)
-        self.identity = os.environ.get("POD_NAME") or COMPONENT
+        self.identity = identity
+        self.coordination = client.CoordinationV1Api(self.api)
+        # Called before every write: with leader election, leader.Elector.ensure (raises NotLeader when
+        # this replica does not hold the Lease by its own clock). The default: a single writer.
+        self.write_guard: Callable[[], None] = lambda: None
+
+    # the leader Lease (leader.py decides; these only call) ----------------------------------------
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(_raw(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The Lease created, or None if one exists already (another replica created it first)."""
+        try:
+            return dict(_raw(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Update guarded by body's resourceVersion; None on a conflict (another replica wrote first)."""
+        try:
+            return dict(_raw(self.coordination.replace_namespaced_lease(name, namespace, body,
+                                                                        _preload_content=False)))
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            raise
 
     # writes ----------------------------------------------------------------------------------
     def write_status(self, job: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the status subresource, guarded by the resourceVersion we read; the job written."""
+        self.write_guard()
         meta = job["metadata"]
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
         try:
@@ -69,6 +106,7 @@ class Kube:
 
     def create(self, manifest: dict[str, Any]) -> bool:
         """Create a pod or service; AlreadyExists counts as done (creates are replayed after a crash)."""
+        self.write_guard()
         ns = manifest["metadata"]["namespace"]
         try:
             if manifest["kind"] == "Pod":
@@ -87,6 +125,7 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str, force: bool) -> None:
         """Graceful delete, or grace period 0 for a pod whose node will never confirm the kill."""
+        self.write_guard()
         grace = 0 if force else None
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
@@ -107,6 +146,7 @@ class Kube:
 
     def taint_node(self, name: str, key: str, message: str) -> bool:
         """Add `key:NoSchedule` to a node (guarded by its resourceVersion) and say why in an event on it."""
+        self.write_guard()
         node = _raw(self.core.read_node(name, _preload_content=False))
         taints = list((node.get("spec") or {}).get("taints") or [])
         if any(t.get("key") == key for t in taints):
@@ -131,6 +171,7 @@ class Kube:
 
     def delete_pdb(self, namespace: str, name: str) -> None:
         """Release an attempt's PodDisruptionBudget; one already gone is fine."""
+        self.write_guard()
         try:
             self.policy.delete_namespaced_pod_disruption_budget(name, namespace)
         except ApiException as exc:
@@ -149,6 +190,7 @@ class Kube:
 
     def create_workload(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create the job's Workload; the object created, or None if it exists already (a replayed create)."""
+        self.write_guard()
         try:
             return dict(_raw(self.custom.create_namespaced_custom_object(
                 c.KUEUE_GROUP, c.KUEUE_VERSION, manifest["metadata"]["namespace"], c.WORKLOADS, manifest,
@@ -162,6 +204,7 @@ class Kube:
                               status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the Workload's status, guarded by the resourceVersion we decided on (Kueue writes it
         too); the Workload written."""
+        self.write_guard()
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             return dict(_raw(self.custom.patch_namespaced_custom_object_status(
@@ -172,6 +215,7 @@ class Kube:
             raise
 
     def delete_workload(self, namespace: str, name: str) -> None:
+        self.write_guard()
         try:
             self.custom.delete_namespaced_custom_object(c.KUEUE_GROUP, c.KUEUE_VERSION, namespace, c.WORKLOADS, name)
         except ApiException as exc:
@@ -180,6 +224,7 @@ class Kube:
 
     def emit_event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
         """A core/v1 Event on the job, so `kubectl describe rtj` tells the story."""
+        self.write_guard()
         meta = job["metadata"]
         now = datetime.now(UTC)
         event = client.CoreV1Event(

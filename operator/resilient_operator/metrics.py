@@ -22,6 +22,7 @@ TIME_TO_RELAUNCH = Histogram(
 RECONCILE_SECONDS = Histogram("rtj_reconcile_seconds", "One observe-decide-apply pass")
 RECONCILE_ERRORS = Counter("rtj_reconcile_errors_total", "Reconciles that raised", ["error"])
 JOBS_BY_PHASE = Gauge("rtj_jobs", "Jobs by phase", ["phase"])
+LEADER = Gauge("rtj_leader", "1 while this replica holds the leader Lease (it alone reconciles and writes), else 0")
 
 # Goodput per job (status.goodput as gauges; per-job labels: one series set per job, removed on deletion).
 GOODPUT_RATIO = Gauge("rtj_goodput_ratio", "Productive share of the job's wall time", ["namespace", "job"])

@@ -1,7 +1,7 @@
 """The Helm chart: renders, lints, validates against the Kubernetes 1.34 schemas, and keeps its promises.
 
 Promises checked here: least-privilege RBAC (exactly the table below), the "restricted" Pod Security level,
-checkpoint storage mounted read-only, one operator replica that never overlaps with another, the CRD a
+checkpoint storage mounted read-only, two replicas behind a leader Lease that roll without a gap, the CRD a
 byte-identical copy of crds/, and a values schema that refuses what the templates cannot honour.
 """
 
@@ -25,6 +25,7 @@ CHART = ROOT / "charts" / "resilient-training-operator"
 KUBE_VERSION = "1.34.0"
 RELEASE = "rtj"
 NAMESPACE = "rtj-system"
+FULLNAME = "rtj-resilient-training-operator"  # the release's objects, the leader Lease
 
 # The operator's rights, rule by rule: (apiGroup, resource) -> verbs, and why. The templates
 # (templates/_helpers.tpl "rto.namespacedRules", templates/clusterrole.yaml) and these tables are the only
@@ -163,7 +164,8 @@ def test_every_rendered_object_validates_against_kubernetes_1_34(helm: str, tmp_
     docs = render(helm, tmp_path, STORAGE_MODES[mode], "--include-crds")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Service", "Deployment", "NetworkPolicy", "Role", "RoleBinding"])  # fmt: skip
+                            "Service", "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Role", "RoleBinding",
+                            "PodDisruptionBudget"])  # fmt: skip  # leader election's, node Leases
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -313,8 +315,18 @@ def test_cluster_role_is_exactly_the_least_privilege_table(helm: str, tmp_path: 
     docs = render(helm, tmp_path)
     role = one(docs, "ClusterRole")
     assert granted(role) == RBAC
-    node_lease_role(docs)  # and no other Role
-    assert len(by_kind(docs, "Role")) == 1 and len(by_kind(docs, "RoleBinding")) == 1
+    node_lease_role(docs)  # node heartbeats: kube-node-lease only
+    # the only other Role: leader election's, on the one Lease in the release namespace
+    (leader,) = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    assert leader["metadata"]["namespace"] == NAMESPACE
+    assert leader["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [FULLNAME],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]  # fmt: skip
+    (leader_binding,) = [b for b in by_kind(docs, "RoleBinding")
+                         if not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    assert leader_binding["roleRef"]["name"] == leader["metadata"]["name"]
 
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -416,10 +428,33 @@ def test_without_storage_nothing_is_mounted(helm: str, tmp_path: Path) -> None:
     assert "RTJ_CHECKPOINT_MOUNT" not in env_of(docs)
 
 
-def test_one_operator_replica_that_never_overlaps(helm: str, tmp_path: Path) -> None:
-    deploy = one(render(helm, tmp_path), "Deployment")
-    assert deploy["spec"]["replicas"] == 1
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+def test_two_replicas_behind_a_lease_that_roll_without_a_gap(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path)
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate",
+                                          "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}  # fmt: skip
+    env = env_of(docs)
+    assert env["RTJ_LEADER_LEASE_NAME"] == FULLNAME
+    assert (env["RTJ_LEASE_DURATION_SECONDS"], env["RTJ_RENEW_DEADLINE_SECONDS"],
+            env["RTJ_RETRY_PERIOD_SECONDS"]) == ("15", "10", "2")  # fmt: skip
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": deploy["spec"]["selector"]}
+    (term,) = pod_spec(docs)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    # a user's affinity replaces the default; the timings are values; their order is checked
+    docs = render(helm, tmp_path, {"replicaCount": 3, "podDisruptionBudget": {"enabled": False},
+                                   "affinity": {"nodeAffinity": {}},
+                                   "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20,
+                                                      "retryPeriodSeconds": 4}})  # fmt: skip
+    assert one(docs, "Deployment")["spec"]["replicas"] == 3 and not by_kind(docs, "PodDisruptionBudget")
+    assert pod_spec(docs)["affinity"] == {"nodeAffinity": {}}
+    assert env_of(docs)["RTJ_LEASE_DURATION_SECONDS"] == "30"
+    bad = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                   values={"leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10,
+                                              "retryPeriodSeconds": 2}}, tmp=tmp_path)  # fmt: skip
+    assert bad.returncode != 0 and "renewDeadlineSeconds (10) < leaseDurationSeconds (10)" in bad.stderr
 
 
 def test_operator_container(helm: str, tmp_path: Path) -> None:

@@ -54,8 +54,9 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
     cluster_role = one(docs, "ClusterRole")
     assert granted(cluster_role) == RBAC_CLUSTER  # nodes and Leases, read-only
     assert all(set(verbs) <= {"get", "list", "watch"} for verbs in granted(cluster_role).values())
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
-             if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
+    leader = "rtj-resilient-training-operator-leader"  # leader election's Role, in the release namespace
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role") if r["metadata"]["name"] != leader
+             and not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
     assert set(roles) == {"ml-a", "ml-b", NODE_LEASE_NS}
     node_lease_role(docs)  # the Leases: only there
     for ns in ("ml-a", "ml-b"):
@@ -65,8 +66,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
     assert granted(roles["ml-a"]) | granted(cluster_role) == RBAC
 
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
-    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
-                if not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != leader
+                and not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
     assert set(bindings) == set(roles)
     for ns, binding in bindings.items():
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -79,8 +80,8 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
 
 def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path, {"watchNamespaces": ["ml-a", NODE_LEASE_NS]})
-    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")
-             if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith(
+        ("-leader", NODE_LEASES_ROLE))}  # leader election's Role (release namespace) and the node Leases' aside
     assert sorted(roles) == ["kube-node-lease", "ml-a"]  # no duplicate Role (the install would fail)
     assert granted(roles[NODE_LEASE_NS]) == RBAC_NAMESPACED
 
@@ -88,8 +89,10 @@ def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_
 def test_every_namespace_watched_keeps_one_cluster_role(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path)
     assert granted(one(docs, "ClusterRole")) == RBAC
+    # only leader election's Role and binding (the one Lease, in the release namespace)
     node_lease_role(docs)
-    assert len(by_kind(docs, "Role")) == 1 and len(by_kind(docs, "RoleBinding")) == 1
+    assert sorted(r["metadata"]["name"] for r in by_kind(docs, "Role") + by_kind(docs, "RoleBinding")) == [
+        "rtj-resilient-training-operator-leader"] * 2 + ["rtj-resilient-training-operator-node-leases"] * 2
 
 
 # ---- the discovery sandbox's values --------------------------------------------------------------------

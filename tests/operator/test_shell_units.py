@@ -129,6 +129,9 @@ class _RefusingKube:
         self.created: list[str] = []
         self.events: list[tuple[str, str]] = []
 
+    def write_guard(self) -> None:  # the leader check before writes (a single writer here)
+        pass
+
     def create(self, manifest: dict[str, Any]) -> bool:
         self.created.append(manifest["metadata"]["name"])
         raise ApiException(status=422, reason="Unprocessable Entity")

@@ -149,8 +149,13 @@ Cross-value checks the schema cannot express; the render fails with the reason.
 - A .metadata file is read whole and unpickled inside a worker: the size cap must leave the worker
   room (at most a quarter of its memory).
 - Every namespace storage area lies under the checkpoint mount.
+- Leader election: retry period < renew deadline < lease duration (client-go's rule).
 */}}
 {{- define "rto.validate" -}}
+{{- $le := .Values.leaderElection }}
+{{- if not (and (lt (int $le.retryPeriodSeconds) (int $le.renewDeadlineSeconds)) (lt (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds))) }}
+{{- fail (printf "leaderElection: retryPeriodSeconds (%v) < renewDeadlineSeconds (%v) < leaseDurationSeconds (%v) is required: a leader must stop writing before a standby may take the Lease" $le.retryPeriodSeconds $le.renewDeadlineSeconds $le.leaseDurationSeconds) }}
+{{- end }}
 {{- $d := .Values.discovery }}
 {{- $workerBytes := float64 $d.workerMemoryBytes }}
 {{- with (.Values.resources.limits | default dict).memory }}
