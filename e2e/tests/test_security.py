@@ -301,7 +301,7 @@ def _rule_id(rule: dict[str, Any]) -> str:
 
 
 RULES = ["training.resilient.dev/resilienttrainingjobs", "training.resilient.dev/resilienttrainingjobs/status",
-         "core/pods", "core/services", "core/nodes", "coordination.k8s.io/leases", "core/events",
+         "core/pods", "core/services", "core/nodes", "core/events",
          "policy/poddisruptionbudgets"]  # fmt: skip
 UNNEEDED: dict[str, str] = {}  # rule -> why (filled from what the sweep shows)
 
