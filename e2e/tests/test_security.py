@@ -430,11 +430,14 @@ def _can(cl: Cluster, verb: str, resource: str, *where: str) -> bool:
 @pytest.mark.timeout(600)
 def test_namespaced_install_runs_jobs_with_roles_and_nothing_more(cluster: Cluster, namespace: str,
                                                                    namespaced_install: None) -> None:  # fmt: skip
-    """watchNamespaces=[ns]: the ClusterRole keeps nodes and Leases (read-only); jobs in ns run under the
-    Role; the operator may not touch pods elsewhere. (The chart's kube-node-lease Role for jobs and pods was
-    needed while kopf watched jobs and pods in every watched namespace; the operator's own informers no
-    longer do, so it is left to remove.)"""
-    assert sorted(_rule_id(r) for r in _rules(cluster)) == ["coordination.k8s.io/leases", "core/nodes"]
+    """watchNamespaces=[ns]: the ClusterRole keeps nodes (read-only); node Leases are readable in
+    kube-node-lease only (issue 25); jobs in ns run under the Role; the operator may not touch pods
+    elsewhere. (The chart's kube-node-lease Role for jobs and pods was needed while kopf watched jobs and
+    pods in every watched namespace; the operator's own informers no longer do, so it is left to remove.)"""
+    assert sorted(_rule_id(r) for r in _rules(cluster)) == ["core/nodes"]
+    assert _can(cluster, "list", "leases.coordination.k8s.io", "-n", "kube-node-lease")
+    assert not _can(cluster, "list", "leases.coordination.k8s.io", "-n", "default")
+    assert not _can(cluster, "get", "leases.coordination.k8s.io", "-n", "kube-node-lease")
     assert _can(cluster, "create", "pods", "-n", namespace) and _can(cluster, "list", "nodes")
     assert not _can(cluster, "create", "pods", "-n", "default")
     assert not _can(cluster, "list", "pods", "--all-namespaces")
