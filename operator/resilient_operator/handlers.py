@@ -93,6 +93,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     while not await asyncio.to_thread(state.cache.wait_synced, 10):  # workers read only a filled cache
         log.info("waiting for the caches to sync")
     if os.environ.get("RTJ_LEADER_ELECTION", "true").strip().lower() == "false":  # one replica, no Lease
+        metrics.LEADER.set(1)
         _start_workers(state)
         return
     leading = asyncio.Event()

@@ -29,6 +29,9 @@ class Conflict(Exception):
 # Connections kept open to the API server: the watches, every worker, and the controller's concurrent pod
 # writes. The client's default (5 per CPU) would open and drop a TLS connection per write beyond it.
 CONNECTIONS = 48
+# A Lease call never blocks the elector past a retry or two: a hung API server must not keep a leader that
+# can no longer renew from reaching its renew deadline and exiting (leader.py).
+LEASE_TIMEOUT = (3, 4)
 
 
 def load_config() -> None:
@@ -65,7 +68,8 @@ class Kube:
     # the leader Lease (leader.py decides; these only call) ----------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return dict(_raw(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False)))
+            return dict(_raw(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False,
+                                                                     _request_timeout=LEASE_TIMEOUT)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -74,7 +78,8 @@ class Kube:
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The Lease created, or None if one exists already (another replica created it first)."""
         try:
-            return dict(_raw(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False)))
+            return dict(_raw(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False,
+                                                                       _request_timeout=LEASE_TIMEOUT)))
         except ApiException as exc:
             if exc.status == 409:
                 return None
@@ -83,8 +88,8 @@ class Kube:
     def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Update guarded by body's resourceVersion; None on a conflict (another replica wrote first)."""
         try:
-            return dict(_raw(self.coordination.replace_namespaced_lease(name, namespace, body,
-                                                                        _preload_content=False)))
+            return dict(_raw(self.coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False,
+                                                                        _request_timeout=LEASE_TIMEOUT)))
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
