@@ -183,7 +183,20 @@ class Elector:
                 log.exception("leader election: Lease %s/%s", self.namespace, self.name)
             if self._stop.is_set():
                 return
-            self._stop.wait(self.timings.retry_period)
+            self._stop.wait(self.next_wait())
+
+    def next_wait(self) -> float:
+        """A retry period; a standby wakes exactly when another's Lease expires by its clock, if that is
+        sooner (takeover at the lease duration, not up to a retry period after it)."""
+        record, observed_at = self._record, self._observed_at
+        if self._last_renew is None and record is not None and record.holder and record.holder != self.identity \
+                and observed_at is not None:
+            duration = record.lease_duration if record.lease_duration and record.lease_duration > 0 \
+                else self.timings.lease_duration
+            remaining = observed_at + duration - self._clock()
+            if remaining > 0:
+                return min(self.timings.retry_period, remaining + 0.01)
+        return self.timings.retry_period
 
     def _observe(self, lease: dict[str, Any] | None) -> None:
         record = record_of(lease) if lease is not None else None

@@ -214,3 +214,14 @@ def test_a_restarted_container_takes_its_own_lease_back_at_once() -> None:
     assert api.lease is not None and api.lease["spec"]["leaseTransitions"] == 0  # same holder: no transition
     run(clock, [again, b], 30)
     assert api.holder == ME and not lost
+
+
+def test_a_standby_wakes_when_the_lease_expires_not_a_retry_period_later() -> None:
+    api, clock, a, b, _lost = pair()
+    a.step()
+    assert b.step() is Action.WAIT and b.next_wait() == T.retry_period  # 15 s to go
+    clock.t += 14.5  # a died right after its write; b last saw the Lease change 14.5 s ago
+    assert b.next_wait() == pytest.approx(0.51)
+    clock.t += 0.51
+    assert b.step() is Action.ACQUIRE and api.holder == OTHER
+    assert b.next_wait() == T.retry_period  # leading: renew every retry period
