@@ -38,6 +38,7 @@ from e2e.support import (
     leader_name,
     make_checkpoint,
     metric_samples,
+    node_of,
     operator_metrics,
     operator_pod,
     operator_pods,
@@ -282,4 +283,33 @@ def test_helm_upgrade_while_a_job_recovers(cluster: Cluster, namespace: str) -> 
     finally:
         cluster.helm("rollback", RELEASE, str(revision), "--namespace", OPERATOR_NS, "--wait", "--timeout", "180s",
                      timeout=240)  # fmt: skip
+    two_replicas(cluster)
+
+
+# ---- 5. a node lost while the leader is down -----------------------------------------------------------------
+@pytest.mark.timeout(420)
+def test_node_lost_while_the_leader_is_down_the_job_recovers_once_and_succeeds(cluster: Cluster,
+                                                                                namespace: str) -> None:  # fmt: skip
+    """The leader freezes, then a worker's node dies; the standby takes the Lease (its node-Lease clock has run
+    all along, so the loss is due at once), the frozen leader is SIGKILLed; one restart, on the three nodes
+    left, from the checkpoint; the job then completes."""
+    name = "nodeloss"
+    flag = f"{MOUNT}/{namespace}-{name}.done"
+    make_checkpoint(cluster.host_path(f"{HOST_DIR}/{namespace}/{name}"), step=7)
+    apply(cluster, job_manifest(name, namespace, replicas=3, script=slow_stop_script(flag)))
+    pods = running_attempt(cluster, namespace, name, 1, 3)
+    two_replicas(cluster)
+    old, pid, _ = freeze_leader(cluster)
+    t0 = time.monotonic()
+    dead = node_of(pods, "1")
+    cluster.kill_node(dead)
+    wait_taken_over(cluster, old, t0)
+    kill(pid)
+    status = check_recovered(cluster, namespace, name, 2, 3, 7)
+    print(f"node {dead} lost with the leader frozen: attempt 2 running {time.monotonic() - t0:.1f}s after")
+    assert status["lastFailure"]["node"] == dead
+    assert all(p.spec.node_name != dead for p in job_pods(cluster, namespace, name))
+    cluster.host_path(f"{HOST_DIR}/{namespace}-{name}.done").touch()
+    final = wait_phase(cluster, namespace, name, c.SUCCEEDED, timeout=90)
+    assert final["attempt"] == 2 and final["restarts"] == {"infrastructure": 1, "application": 0, "planned": 0}
     two_replicas(cluster)
