@@ -120,9 +120,10 @@ def test_the_standby_is_warm_idle_and_only_watches(cluster: Cluster, namespace: 
     assert metric_samples(stand, "rtj_leader") == {"rtj_leader": 0.0}
     assert sum(metric_samples(stand, "rtj_reconcile_seconds_count").values()) == 0
     assert sum(metric_samples(lead, "rtj_reconcile_seconds_count").values()) > 0
-    # warm: every resource listed once at start, and watched since (the job's events reached it)
+    # warm: every resource listed (once at its start; again only if the API server lost its watches, as the
+    # session cluster's earlier tests restart it), and watched since: the job's events reach it
     lists0 = metric_samples(stand, "rtj_informer_lists_total")
-    assert lists0 and all(v == 1 for v in lists0.values()), lists0
+    assert lists0 and all(v >= 1 for v in lists0.values()), lists0
     first_delete(cluster, namespace, name, 1)  # activity: the standby sees it, does nothing, lists nothing
     running_attempt(cluster, namespace, name, 2, 2)
     stand = operator_metrics(cluster, pod=standby)
