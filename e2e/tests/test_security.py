@@ -378,7 +378,8 @@ def test_service_exists_after_a_failure_between_status_write_and_creates(cluster
     def errors() -> float:
         return sum(metric_samples(operator_metrics(cluster), "rtj_reconcile_errors_total").values())
 
-    before = errors()
+    # the leader's metrics endpoint may still be starting (the rule sweep before this test restarts the replicas)
+    before = wait_for(lambda: (errors(),), 60, "the operator's metrics")[0]
     _set_rules(cluster, [r for r in rules if _rule_id(r) != "core/services"])
     try:
         apply(cluster, tiny_job("nosvc", namespace))
