@@ -71,7 +71,11 @@ def test_a_hostile_root_beside_a_healthy_job_that_loses_a_node(cluster: ClusterL
         root = host / other_namespace / name
         root.mkdir(parents=True)
         attack(template, root)
-        apply(cluster, job_manifest(name, other_namespace, replicas=1, min_replicas=1))
+        hostile = job_manifest(name, other_namespace, replicas=1, min_replicas=1)
+        # no GPU: with every checkpoint refused, a hostile job rightly starts from scratch (cheaply now), and its
+        # pod must not take a GPU the healthy job needs after the node loss (seen in CI: 2 of 3 GPUs taken)
+        hostile["spec"]["template"]["spec"]["containers"][0].pop("resources")
+        apply(cluster, hostile)
     healthy_root = host / namespace / "healthy"
     make_checkpoint(healthy_root, step=7)
     apply(cluster, job_manifest("healthy", namespace, replicas=2, min_replicas=1))
