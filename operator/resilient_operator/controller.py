@@ -21,7 +21,7 @@ from resilient_contract import layout, progress
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
-from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, fencing, reconcile
+from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, history, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
 from resilient_operator.core.plan import Render
 from resilient_operator.core.reconcile import needs_discovery
@@ -74,7 +74,7 @@ def observe(cache: ClusterCache, namespace: str, name: str, config: OperatorConf
     ours = [p.name for p in pods if p.owner_uid == job.uid and p.attempt == attempt] \
         if isinstance(attempt, int) and not isinstance(attempt, bool) else []
     listing, reports = discovery.discover_with_reports(job.spec.checkpoint_root, namespace, job.uid,
-                                                       fencing.lineage_starts(job.status), ours)
+                                                       history.lineage_starts(job.status), ours)
     return obj, job, pods, nodes, listing, reports
 
 

@@ -11,7 +11,8 @@ import pytest
 from resilient_contract import completion, environment
 from resilient_contract.layout import REASON_DISCOVERY_BUSY, Listing, Verdict
 from resilient_operator import constants as c
-from resilient_operator.core import Job, NodeView, PodView, fencing, reconcile, render
+from resilient_operator.core import Job, NodeView, PodView, reconcile, render
+from resilient_operator.core.history import lineage_starts
 from resilient_operator.core.timeutil import fmt
 from tests.operator.builders import (
     CKPT_ROOT,
@@ -449,7 +450,7 @@ def test_a_fenced_gang_seen_saving_is_told_once_and_kept_in_history() -> None:
     assert plan.status["latestCheckpoint"]["step"] == 20
     again = reconcile(job(plan.status), gang(2, 3), healthy(4), seen, NOW)
     assert not [e for e in again.events if e.reason == c.REASON_FENCED_WRITER]
-    assert fencing.lineage_starts(plan.status) == [(1, None), (2, 20)]
+    assert lineage_starts(plan.status) == [(1, None), (2, 20)]
 
 def avoided(pod: dict[str, Any]) -> set[str]:
     terms = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(

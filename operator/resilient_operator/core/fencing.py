@@ -1,4 +1,4 @@
-"""Fencing a broken attempt, and the bounded per-attempt history in status.
+"""Fencing a broken attempt: which of its pods to delete, and how.
 
 Fencing deletes every pod of the attempt; pods on lost nodes go with grace period 0, since no kubelet
 will ever confirm their end and the next attempt waits until no pod of this one is left.
@@ -6,11 +6,9 @@ will ever confirm their end and the next attempt waits until no pod of this one 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, MutableMapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from resilient_operator import constants as c
 from resilient_operator.core.health import Health
 from resilient_operator.core.model import PodView
 
@@ -33,51 +31,3 @@ def fence(pods: Sequence[PodView], health: Health, planned: Collection[str] = ()
         elif not pod.deleting:
             out.delete.append(pod.name)
     return out
-
-
-def open_entry(status: MutableMapping[str, Any], attempt: int, replicas: int, resumed_step: int | None,
-               ts: str) -> None:
-    history: list[dict[str, Any]] = status.setdefault("history", [])
-    if history and history[-1].get("attempt") == attempt:
-        return
-    entry: dict[str, Any] = {"attempt": attempt, "replicas": replicas, "startTime": ts}
-    if resumed_step is not None:
-        entry["resumedFromStep"] = resumed_step
-    history.append(entry)
-    del history[: max(0, len(history) - c.HISTORY_LIMIT)]
-
-
-def close_entry(status: Mapping[str, Any], attempt: int, reason: str, ts: str) -> None:
-    history = status.get("history") or []
-    if history and history[-1].get("attempt") == attempt and "endTime" not in history[-1]:
-        history[-1]["endTime"] = ts
-        history[-1]["endReason"] = reason
-
-
-def record_nodes(status: Mapping[str, Any], attempt: int, pods: Sequence[PodView]) -> None:
-    history = status.get("history") or []
-    if history and history[-1].get("attempt") == attempt:
-        history[-1]["nodes"] = sorted({p.node_name for p in pods if p.node_name})
-
-
-def lineage_starts(status: Mapping[str, Any]) -> list[tuple[int, int | None]]:
-    """(attempt, resumed step or None) for every attempt in the history: the operator's record of where each
-    attempt started, which the checkpoint lineage rule (resilient_contract.lineage) fences older writers by."""
-    out = []
-    for entry in status.get("history") or []:
-        attempt, resumed = entry.get("attempt"), entry.get("resumedFromStep")
-        if isinstance(attempt, int) and (resumed is None or isinstance(resumed, int)):
-            out.append((attempt, resumed))
-    return out
-
-
-def note_late_write(status: Mapping[str, Any], attempt: int, step: int, path: str, ts: str) -> dict[str, Any] | None:
-    """Record on the fenced attempt's history entry that its gang kept saving; the entry, if newly noted."""
-    for entry in status.get("history") or []:
-        if entry.get("attempt") == attempt:
-            seen = entry.get("lateWrite")
-            if seen and seen.get("step", -1) >= step:
-                return None
-            entry["lateWrite"] = {"step": step, "path": path, "time": ts}
-            return entry  # type: ignore[no-any-return]
-    return None

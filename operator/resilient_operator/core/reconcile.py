@@ -38,6 +38,7 @@ from resilient_operator.core import (
     goodput,
     growback,
     health,
+    history,
     queueing,
     render,
     settle,
@@ -124,7 +125,7 @@ class _Ctx:
         self.plan.delete += out.delete
 
     def close_history(self, reason: str) -> None:
-        fencing.close_entry(self.status, self.attempt, reason, self.ts)
+        history.close_entry(self.status, self.attempt, reason, self.ts)
 
     def avoid(self) -> list[str]:
         """Nodes a new pod must not land on that the scheduler could still pick: lost ones (Kubernetes may
@@ -324,7 +325,7 @@ def _adopt_newer_attempt(ctx: _Ctx) -> None:
         st.pop("resumedFrom", None)
     if ctx.phase not in c.TERMINAL_PHASES:
         ctx.set_phase(c.STARTING)
-    fencing.open_entry(st, newest, st["replicas"], resume.step if resume else None, ctx.ts)
+    history.open_entry(st, newest, st["replicas"], resume.step if resume else None, ctx.ts)
 
 
 def _observe_checkpoints(ctx: _Ctx) -> None:
@@ -362,7 +363,7 @@ def _observe_checkpoints(ctx: _Ctx) -> None:
         st["latestCheckpoint"] = {"path": listing.latest.path, "step": listing.latest.step}
     for verdict in listing.skipped:
         if verdict.fenced_writer is not None and (
-            entry := fencing.note_late_write(st, verdict.fenced_writer, verdict.step, verdict.path, ctx.ts)
+            entry := history.note_late_write(st, verdict.fenced_writer, verdict.step, verdict.path, ctx.ts)
         ):
             where = f" on node(s) {', '.join(entry['nodes'])}" if entry.get("nodes") else ""
             ctx.event("Warning", c.REASON_FENCED_WRITER,
@@ -451,7 +452,7 @@ def _finish_starting(ctx: _Ctx, current: Sequence[PodView], replicas: int) -> No
     if not missing and all(p.phase == "Running" for p in current):
         ctx.set_phase(c.RUNNING)
         goodput.running(ctx.status, ctx.now)
-        fencing.record_nodes(ctx.status, ctx.attempt, current)
+        history.record_nodes(ctx.status, ctx.attempt, current)
         ctx.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
         ctx.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {ctx.attempt} is running")
         ctx.event("Normal", c.REASON_ALL_RUNNING, f"attempt {ctx.attempt}: all {replicas} workers running")
@@ -640,7 +641,7 @@ def _launch(ctx: _Ctx, replicas: int) -> None:
     else:
         st.pop("resumedFrom", None)
     ctx.set_phase(c.STARTING)
-    fencing.open_entry(st, attempt, replicas, resume.step if resume else None, ctx.ts)
+    history.open_entry(st, attempt, replicas, resume.step if resume else None, ctx.ts)
     goodput.launched(st, ctx.now, resume.step if resume else None)
     ctx.plan.create.append(partial(render.service_manifest, ctx.job))
     ctx.plan.create.append(partial(render.pdb_manifest, ctx.job, attempt, replicas))
