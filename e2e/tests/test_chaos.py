@@ -16,6 +16,14 @@ from typing import Any
 
 import pytest
 
+from e2e.gates import (
+    check_recovered,
+    first_delete,
+    gated_start,
+    slow_stop_script,
+    starting_with_all_pods,
+    wait_starting_with_all_pods,
+)  # fmt: skip
 from e2e.localcluster.cluster import Cluster, wait_for
 from e2e.support import (
     HOST_DIR,
@@ -27,7 +35,6 @@ from e2e.support import (
     core,
     delete_operator_pod,
     events,
-    injected_env,
     job_manifest,
     job_pods,
     job_status,
@@ -45,17 +52,9 @@ from e2e.support import (
     wait_phase,
 )  # fmt: skip
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
-from resilient_contract import environment
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
-
-
-def slow_stop_script(done_flag: str | None = None) -> str:
-    """A stand-in that takes ~3 s to stop on SIGTERM (a trainer flushing), so fencing is observable;
-    with `done_flag`, it exits 0 once that file exists (the job completes)."""
-    wait = f"while [ ! -f {done_flag} ]; do sleep 0.3; done; exit 0" if done_flag else "while :; do sleep 0.3; done"
-    return f"trap 'sleep 3; exit 143' TERM; {wait}"
 
 
 def freeze_operator(cl: Cluster) -> int:
@@ -68,25 +67,6 @@ def kill_frozen_operator(cl: Cluster, pid: int) -> None:
     """SIGKILL the frozen process and wait for its container to come back (same pod)."""
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: operator_pid(cl) not in (None, pid), 90, "the operator container restarted")
-
-
-def first_delete(cl: Cluster, ns: str, name: str, attempt: int) -> None:
-    victim = next(p for p in job_pods(cl, ns, name) if p.metadata.labels[c.LABEL_ATTEMPT] == str(attempt)
-                  and p.metadata.labels[c.LABEL_RANK] == "1")  # fmt: skip
-    core(cl).delete_namespaced_pod(victim.metadata.name, ns)
-
-
-def check_recovered(cl: Cluster, ns: str, name: str, attempt: int, replicas: int, step: int) -> dict[str, Any]:
-    pods = running_attempt(cl, ns, name, attempt, replicas, timeout=150)
-    assert_single_attempt(cl, ns, name, attempt, replicas)
-    for pod in pods:
-        env = injected_env(pod)
-        assert env[environment.NNODES] == str(replicas) and env[environment.ATTEMPT] == str(attempt)
-        assert env[environment.RESUME_FROM] == f"{MOUNT}/{ns}/{name}/step-{step:010d}"
-    status = job_status(cl, ns, name)
-    assert_consistent_status(status)
-    assert status["restarts"]["infrastructure"] == attempt - 1 and status["resumedFrom"]["step"] == step
-    return status
 
 
 # ---- 1. the operator killed at each stage of a recovery --------------------------------------------------
@@ -133,14 +113,9 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
     gate.unlink()
     first_delete(cluster, namespace, name, 4)
 
-    def starting_with_all_pods() -> list[Any] | None:
-        st = job_status(cluster, namespace, name)
-        new = [p for p in job_pods(cluster, namespace, name) if p.metadata.labels[c.LABEL_ATTEMPT] == "5"]
-        return new if st.get("phase") == c.STARTING and st.get("attempt") == 5 and len(new) == 3 else None
-
-    wait_for(starting_with_all_pods, 90, "attempt 5 Starting with its 3 pods created (held by the gate)")
+    wait_starting_with_all_pods(cluster, namespace, name, 5, 3)
     pid = freeze_operator(cluster)
-    new = starting_with_all_pods()
+    new = starting_with_all_pods(cluster, namespace, name, 5, 3)
     assert new, "attempt 5 left Starting while its pods were held"
     victim = new[0].metadata.name
     core(cluster).delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
@@ -155,12 +130,6 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
     story = events(cluster, namespace, name)
     started = [e for e in story if e.startswith(c.REASON_STARTED)]
     assert len(started) == 5, started
-
-
-def gated_start(flag: str) -> dict[str, Any]:
-    """An init container that holds the pod (Pending, so the attempt stays Starting) until `flag` exists."""
-    return {"name": "gate", "image": "busybox", "command": ["sh", "-c", f"until [ -f {flag} ]; do sleep 0.2; done"],
-            "volumeMounts": [{"name": "ckpt", "mountPath": MOUNT}]}
 
 
 # ---- 2. kube-apiserver restarted ------------------------------------------------------------------------
