@@ -31,16 +31,280 @@ operator, dominates the wall times; the RSS and reconcile figures are the operat
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e import support
-from e2e.kwokcluster import KwokCluster, delta, histogram, percentile, quantile, run_scale
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
+from e2e.kwokcluster import KwokCluster, kwok_worker_template
+from e2e.localcluster import Cluster
 from resilient_operator import constants as c
+
+
+# ---- the KWOK scale scenario (also run at CI size by e2e/tests/test_scale_kwok.py) --------------------------
+def operator_requests(audit_log: Path, since: datetime, until: datetime) -> Counter[tuple[str, str]]:
+    """The operator's API requests received in [since, until), by (verb, resource[/subresource])."""
+    seen: set[str] = set()
+    out: Counter[tuple[str, str]] = Counter()
+    with audit_log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event["auditID"] in seen:
+                continue  # a watch logs ResponseStarted and ResponseComplete
+            seen.add(event["auditID"])
+            at = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if not since <= at < until:
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", event.get("requestURI", "?"))
+            if ref.get("subresource"):
+                resource += "/" + ref["subresource"]
+            out[(event["verb"], resource)] += 1
+    return out
+
+
+def histogram(text: str, name: str) -> tuple[list[tuple[float, float]], float, float]:
+    """Cumulative buckets [(le, count)], sum and count of one Prometheus histogram."""
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for key, value in support.metric_samples(text, name).items():
+        if key.startswith(f"{name}_bucket"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((math.inf if le == "+Inf" else float(le), value))
+        elif key.startswith(f"{name}_sum"):
+            total = value
+        elif key.startswith(f"{name}_count"):
+            count = value
+    return sorted(buckets), total, count
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    rank = q * buckets[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower_le
+            if count == lower_count:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
+        lower_le, lower_count = le, count
+    return buckets[-1][0]
+
+
+def delta(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    base = dict(before)
+    return [(le, n - base.get(le, 0.0)) for le, n in after]
+
+
+def reconcile_stats(after: str, before: str) -> tuple[float, float, float]:
+    """(count, p50 s, p99 s) of rtj_reconcile_seconds between two scrapes."""
+    b1, _, n1 = histogram(after, "rtj_reconcile_seconds")
+    b0, _, n0 = histogram(before, "rtj_reconcile_seconds")
+    d = delta(b1, b0)
+    return n1 - n0, quantile(d, 0.5), quantile(d, 0.99)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+@dataclass
+class ScaleResult:
+    nodes: int
+    jobs: int
+    workers: int
+    killed: int
+    hit: int
+    loss_timeout: float
+    submit_to_running_s: float
+    relaunch_s: list[float]
+    restarted_twice: int  # hit jobs restarted more than once
+    spurious: int  # jobs that were not hit but restarted
+    rss_mib: dict[str, float]
+    cpu_s: dict[str, float]
+    steady_s: float
+    steady_requests: Counter[tuple[str, str]]
+    recovery_s: float
+    recovery_requests: Counter[tuple[str, str]]
+    reconcile: dict[str, tuple[float, float, float]]
+    errors: float
+    control_plane_cpu_s: dict[str, float] = field(default_factory=dict)  # per component, during the recovery
+    load_average: float = 0.0  # the machine's 1-minute load at the end (other tenants included)
+
+    def table(self) -> str:
+        rel = self.relaunch_s
+        lines = [
+            f"KWOK scale bench: {self.nodes} nodes, {self.jobs} jobs x {self.workers} workers "
+            f"({self.jobs * self.workers} pods, elastic min {self.workers // 2}), {self.killed} nodes killed "
+            f"at once, {self.hit} jobs hit; nodeLossTimeout {self.loss_timeout:.0f} s",
+            f"{'submit -> all running':<34} {self.submit_to_running_s:8.1f} s",
+            f"{'kill -> hit jobs running again':<34} p50 {percentile(rel, 0.5):6.1f} s  p99 "
+            f"{percentile(rel, 0.99):6.1f} s  max {max(rel, default=float('nan')):6.1f} s  (n={len(rel)})",
+            f"{'hit jobs restarted twice':<34} {self.restarted_twice:8d}   (jobs not hit but restarted: "
+            f"{self.spurious})",
+            f"{'operator RSS idle/running/after':<34} {self.rss_mib['idle']:6.0f} / {self.rss_mib['running']:6.0f}"
+            f" / {self.rss_mib['after']:6.0f} MiB",
+            f"{'operator CPU start-up/steady/recov':<34} {self.cpu_s['startup']:6.1f} / {self.cpu_s['steady']:6.1f}"
+            f" / {self.cpu_s['recovery']:6.1f} s",
+        ]
+        for label, (n, p50, p99) in self.reconcile.items():
+            lines.append(f"{'reconcile ' + label:<34} n={n:<7.0f} p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms")
+        lines.append(f"{'reconcile errors':<34} {self.errors:8.0f}")
+        if self.control_plane_cpu_s:
+            cpu = ", ".join(f"{n} {v:.0f}" for n, v in sorted(self.control_plane_cpu_s.items(), key=lambda x: -x[1]))
+            lines.append(f"{'CPU s in the recovery':<34} operator {self.cpu_s['recovery']:.0f}, {cpu}; "
+                         f"machine load {self.load_average:.1f} on {os.cpu_count()} cores")
+        for label, secs, reqs in (("steady state", self.steady_s, self.steady_requests),
+                                  ("recovery", self.recovery_s, self.recovery_requests)):
+            text = ", ".join(f"{verb} {res}: {n}" for (verb, res), n in sorted(reqs.items())) or "none"
+            lines.append(f"{'operator requests, ' + label:<34} ({secs:.0f} s) {text}")
+        return "\n".join(lines)
+
+
+def job_body(name: str, ns: str, workers: int, loss_timeout: float) -> dict[str, Any]:
+    return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name, "namespace": ns},
+            "spec": {"replicas": workers, "elasticPolicy": {"minReplicas": max(workers // 2, 1)},
+                     "checkpoint": {"root": f"{support.MOUNT}/{ns}/{name}"},
+                     "nodeLossTimeoutSeconds": int(loss_timeout), "template": kwok_worker_template()}}
+
+
+def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int, loss_timeout: float = 30,
+              steady: float = 30, timeout: float = 1800, log: Any = print) -> ScaleResult:
+    """Nodes, then jobs until all run, a quiet steady state, then `kill` nodes at once until every hit
+    job runs again on live nodes. The harness watches (informers), so its own reads cost no LISTs."""
+    from kubernetes import client
+
+    from resilient_operator.informer import Informer
+
+    cl = kc.cluster
+    names = [f"kwok-{i:04d}" for i in range(nodes)]
+    t = time.monotonic()
+    kc.add_nodes(names)
+    log(f"{nodes} KWOK nodes Ready in {time.monotonic() - t:.0f} s")
+    ns = "scale"
+    cl.kubectl("create", "namespace", ns)
+    cl.wait_for_default_sa(ns)
+    api = cl.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    job_inf = Informer("bench-jobs", lambda **kw: custom.list_namespaced_custom_object(
+        c.GROUP, c.VERSION, ns, c.PLURAL, **kw))
+    pod_inf = Informer("bench-pods", lambda **kw: core.list_namespaced_pod(ns, **kw), label_selector=c.LABEL_JOB,
+                       index=lambda p: p["metadata"]["labels"].get(c.LABEL_JOB))
+    job_inf.start()
+    pod_inf.start()
+    pid = wait_for(lambda: support.operator_pid(cl), 60, "operator pid")
+    rss = {"idle": support.process_rss_bytes(pid) / 2**20}
+    cpu0 = cpu_seconds(pid)
+    m0 = support.operator_metrics(cl)
+
+    def statuses() -> dict[str, dict[str, Any]]:
+        return {j["metadata"]["name"]: (j.get("status") or {}) for j in job_inf.items()}
+
+    job_names = [f"j{i:05d}" for i in range(jobs)]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: custom.create_namespaced_custom_object(
+            c.GROUP, c.VERSION, ns, c.PLURAL, job_body(n, ns, workers, loss_timeout)), job_names))
+    log(f"{jobs} jobs submitted in {time.monotonic() - t0:.0f} s")
+
+    def all_running() -> bool:  # a spurious restart (attempt > 1) is counted at the end, not waited out
+        st = statuses()
+        return len(st) == jobs and all(s.get("phase") == c.RUNNING for s in st.values())
+
+    wait_for(all_running, timeout, "every job running", interval=1)
+    submit_s = time.monotonic() - t0
+    log(f"all {jobs} jobs running {submit_s:.0f} s after submit")
+    cpu1 = cpu_seconds(pid)
+    rss["running"] = support.process_rss_bytes(pid) / 2**20
+    time.sleep(5)  # let the last status writes and events settle before the quiet window
+    s0, m1, cpu2 = _utcnow(), support.operator_metrics(cl), cpu_seconds(pid)
+    time.sleep(steady)
+    s1, m2, cpu3 = _utcnow(), support.operator_metrics(cl), cpu_seconds(pid)
+
+    dead = set(names[:kill])
+    placed: dict[str, set[str]] = {}
+    for pod in pod_inf.items():
+        placed.setdefault(pod["metadata"]["labels"][c.LABEL_JOB], set()).add(pod["spec"].get("nodeName"))
+    hit = sorted(j for j, on in placed.items() if on & dead)
+    before = {n: s.get("attempt", 1) for n, s in statuses().items()}
+    comps = {n: comp.proc.pid for n, comp in cl.components.items() if comp.proc.poll() is None}
+    cp0 = {n: cpu_seconds(p) for n, p in comps.items()}
+    k0, tk = _utcnow(), time.monotonic()
+    kc.kill_nodes(sorted(dead))
+    log(f"killed {kill} nodes; {len(hit)} jobs hit")
+    recovered: dict[str, float] = {}
+
+    def job_back(name: str, st: dict[str, Any]) -> bool:
+        if st.get("phase") != c.RUNNING or st.get("attempt", 0) <= before[name]:
+            return False
+        pods = [p for p in pod_inf.by_index(name)
+                if p["metadata"]["labels"].get(c.LABEL_ATTEMPT) == str(st["attempt"])]
+        return bool(pods) and all((p.get("status") or {}).get("phase") == "Running"
+                                  and p["spec"].get("nodeName") not in dead for p in pods)
+
+    def all_back() -> bool:
+        st = statuses()
+        now = time.monotonic() - tk
+        for name in hit:
+            if name not in recovered and job_back(name, st.get(name, {})):
+                recovered[name] = now
+        return len(recovered) == len(hit) and all(s.get("phase") == c.RUNNING for s in st.values())
+
+    try:
+        wait_for(all_back, timeout, f"the {len(hit)} hit jobs running again on live nodes", interval=0.5)
+    finally:
+        k1 = _utcnow()
+        cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
+    time.sleep(2)  # a window for a second, spurious restart to show
+    st = statuses()
+    m3 = support.operator_metrics(cl)
+    rss["after"] = support.process_rss_bytes(pid) / 2**20
+    cpu4 = cpu_seconds(pid)
+    job_inf.stop()
+    pod_inf.stop()
+    errors = support.metric_samples(m3, "rtj_reconcile_errors_total")
+    return ScaleResult(
+        nodes=nodes, jobs=jobs, workers=workers, killed=kill, hit=len(hit), loss_timeout=loss_timeout,
+        submit_to_running_s=submit_s, relaunch_s=[recovered[n] for n in hit if n in recovered],
+        restarted_twice=sum(1 for n in hit if st[n].get("attempt", 1) - before[n] > 1),
+        spurious=sum(1 for n, s in st.items() if n not in hit and s.get("attempt", 1) > 1),
+        rss_mib=rss, cpu_s={"startup": cpu1 - cpu0, "steady": cpu3 - cpu2, "recovery": cpu4 - cpu3},
+        steady_s=(s1 - s0).total_seconds(), steady_requests=operator_requests(kc.audit_log, s0, s1),
+        recovery_s=(k1 - k0).total_seconds(), recovery_requests=operator_requests(kc.audit_log, k0, k1),
+        reconcile={"start-up": reconcile_stats(m1, m0), "steady": reconcile_stats(m2, m1),
+                   "recovery": reconcile_stats(m3, m2)},
+        errors=sum(errors.values()), control_plane_cpu_s=cp1, load_average=os.getloadavg()[0],
+    )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# ---- the process substrate and the command line ------------------------------------------------------------
 
 
 def latency_line(label: str, text_after: str, text_before: str) -> str:
@@ -53,7 +317,7 @@ def latency_line(label: str, text_after: str, text_before: str) -> str:
             f"  p95 {quantile(d, 0.95) * 1000:7.1f} ms")  # fmt: skip
 
 
-def rss_mib(cl: Cluster) -> float:
+def rss_mib(cl: ClusterLike) -> float:
     pid = wait_for(lambda: support.operator_pid(cl), 60, "operator pid")
     return support.process_rss_bytes(pid) / 2**20
 
@@ -82,13 +346,7 @@ def main() -> None:
     try:
         for i in range(args.nodes):
             cl.add_node(f"w{i}", cpu="64", memory="256Gi", gpus=1, pods=args.pods_per_node, labels={"pool": "train"})
-        cl.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
-        cl.host_path(support.HOST_DIR).mkdir(parents=True, exist_ok=True)
-        cl.kubectl("create", "namespace", support.OPERATOR_NS)
-        cl.helm("install", support.RELEASE, str(support.CHART), "--namespace", support.OPERATOR_NS, "--wait",
-                "--timeout", "180s", "--set", f"checkpointStorage.hostPath={support.HOST_DIR}",
-                "--set", f"checkpointStorage.mountPath={support.MOUNT}",
-                "--set", "nodeSelector.role=infra")  # fmt: skip
+        support.install_operator(cl, pool=(), values={}, wait="180s")
         support.wait_operator_ready(cl)
         wait_for(lambda: support.operator_metrics(cl), 60, "operator metrics")
         ns = "scale"

@@ -37,8 +37,9 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
 class ClusterLike(Protocol):
     """What the tests, the demo and the benches may use, whichever backend runs the cluster.
 
-    Local-only extras (control-plane `components`, `restart_component`, `in_netns`) are for the
-    chaos and substrate tests, which need a control plane they can stop.
+    What only some backends can do is a small capability protocol below (`Partitionable`,
+    `RestartableControlPlane`, `HasNetns`), checked with `isinstance` where a test needs it, as kueue's
+    jobframework does with its optional job interfaces.
     """
 
     name: str
@@ -52,6 +53,7 @@ class ClusterLike(Protocol):
     def restore_node(self, name: str, *, wait: bool = ..., timeout: float = ...) -> None: ...
     def node_name(self, name: str) -> str: ...
     def node_ready(self, name: str) -> bool: ...
+    def is_killed(self, name: str) -> bool: ...
     def kubectl(self, *args: str, check: bool = ..., input: str | None = ...,
                 timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
     def helm(self, *args: str, check: bool = ..., timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
@@ -64,6 +66,31 @@ class ClusterLike(Protocol):
     def create_shared_pvc(self, name: str, namespace: str = ..., size: str = ...) -> Path: ...
     def pod_log(self, namespace: str, pod: str, container: str | None = ...) -> str: ...
     def stop(self, *, remove: bool = ...) -> None: ...
+
+
+@runtime_checkable
+class Partitionable(Protocol):
+    """A node can be cut off without dying: its agent or kubelet is frozen, its pods keep running."""
+
+    def partition_node(self, name: str) -> None: ...
+    def heal_node(self, name: str) -> None: ...
+    def partitioned_nodes(self) -> list[str]: ...
+
+
+@runtime_checkable
+class RestartableControlPlane(Protocol):
+    """The control plane's processes are the harness's own: a test may restart or signal one (chaos)."""
+
+    def restart_component(self, name: str, *, down_seconds: float = ..., grace: float = ...,
+                          timeout: float = ...) -> None: ...
+    def signal_component(self, name: str, sig: int) -> None: ...
+
+
+@runtime_checkable
+class HasNetns(Protocol):
+    """The cluster lives in a network namespace of its own; node and pod addresses are reached inside it."""
+
+    def in_netns(self, fn: Callable[[], T], timeout: float = ...) -> T: ...
 
 
 class ClusterTools:

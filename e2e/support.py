@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import ClusterLike
+from e2e.cluster import ClusterLike, HasNetns, Partitionable, RestartableControlPlane, wait_for
 from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, wait_for
 from resilient_contract import environment
 from resilient_contract.layout import step_dir_name
 from resilient_operator import constants as c
@@ -35,38 +34,56 @@ NODES = ("w0", "w1", "w2", "w3")
 HOST_DIR = "/rtj-checkpoints"  # a hostPath shared by every simulated node: the RWX checkpoint volume
 
 
-def install_operator(cluster: ClusterLike) -> ClusterLike:
-    """The session cluster plus a pool of one-GPU training nodes and a node for the operator."""
-    for name in NODES:
-        cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
-    cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
+def helm_install(cluster: ClusterLike, values: dict[str, str], *, wait: str = "120s",
+                 timeout: float = 300) -> None:
+    """`helm install` the chart as release RELEASE into OPERATOR_NS (which must exist) with these `--set`s."""
+    sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", wait, *sets,
+                 timeout=timeout)
+
+
+def shared_dir(cluster: ClusterLike) -> Path:
+    """HOST_DIR on this machine, writable by every user: workers run as their image's non-root user and
+    each job gets its own root inside."""
     shared = cluster.host_path(HOST_DIR)
     shared.mkdir(parents=True, exist_ok=True)
-    shared.chmod(0o1777)  # workers run as their image's non-root user; each job gets its own root inside
+    shared.chmod(0o1777)
+    return shared
+
+
+def install_operator(cluster: ClusterLike, *, pool: tuple[str, ...] = NODES, values: dict[str, str] | None = None,
+                     wait: str = "120s") -> ClusterLike:
+    """The cluster plus a pool of one-GPU training nodes, a node for the operator, and the operator on it:
+    the chart with the shared hostPath as checkpoint storage, plus `values` (by default a DEBUG log, which
+    the suites read). Every install of the operator on a process-node cluster goes through here."""
+    for name in pool:
+        cluster.add_node(name, cpu="4", memory="8Gi", gpus=1, labels={"pool": "train"})
+    cluster.add_node("infra", cpu="4", memory="8Gi", labels={"role": "infra"})
+    shared_dir(cluster)
     cluster.kubectl("create", "namespace", OPERATOR_NS)
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s",
-                     "--set", f"checkpointStorage.hostPath={HOST_DIR}", "--set", f"checkpointStorage.mountPath={MOUNT}",
-                     "--set", "nodeSelector.role=infra", "--set", "logLevel=DEBUG")  # fmt: skip
+    helm_install(cluster, {"checkpointStorage.hostPath": HOST_DIR, "checkpointStorage.mountPath": MOUNT,
+                           "nodeSelector.role": "infra", **({"logLevel": "DEBUG"} if values is None else values)},
+                 wait=wait)
     return cluster
 
 
-def custom(cl: Cluster) -> Any:
+def custom(cl: ClusterLike) -> Any:
     from kubernetes import client
 
     return client.CustomObjectsApi(cl.api_client())
 
 
-def core(cl: Cluster) -> Any:
+def core(cl: ClusterLike) -> Any:
     from kubernetes import client
 
     return client.CoreV1Api(cl.api_client())
 
 
-def get_job(cl: Cluster, ns: str, name: str) -> dict[str, Any]:
+def get_job(cl: ClusterLike, ns: str, name: str) -> dict[str, Any]:
     return custom(cl).get_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL, name)
 
 
-def job_pods(cl: Cluster, ns: str, name: str) -> list[Any]:
+def job_pods(cl: ClusterLike, ns: str, name: str) -> list[Any]:
     return core(cl).list_namespaced_pod(ns, label_selector=f"{c.LABEL_JOB}={name}").items
 
 
@@ -100,7 +117,7 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
     return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name, "namespace": ns}, "spec": body}
 
 
-def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+def job_namespace(cluster: ClusterLike, request: pytest.FixtureRequest) -> Iterator[str]:
     # readable, and unique per parametrized case (the next case starts while the last one's namespace goes)
     digest = hashlib.sha1(request.node.name.encode()).hexdigest()[:6]
     readable = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:36].strip("-")
@@ -109,11 +126,11 @@ def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
     cluster.wait_for_default_sa(ns)
     yield ns
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    for handle in cluster.nodes.values():  # a test that froze an agent (SIGSTOP) must not freeze the next
-        if handle.proc is not None and handle.proc.poll() is None:
-            os.kill(handle.proc.pid, signal.SIGCONT)
+    if isinstance(cluster, Partitionable):  # a test that froze an agent must not freeze the next
+        for node in cluster.partitioned_nodes():
+            cluster.heal_node(node)
     for node in NODES:  # leave every node alive for the next test
-        if cluster.nodes[node].killed:
+        if cluster.is_killed(node):
             cluster.restore_node(node)
     # Pods of a deleted namespace go with it; wait so the next test sees all capacity. After an API-server
     # restart the controller-manager's namespace controller can take a minute to act (seen in CI: 60 s).
@@ -121,11 +138,11 @@ def job_namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
         label_selector=c.LABEL_JOB).items if p.metadata.namespace == ns], 180, f"pods of {ns} gone")  # fmt: skip
 
 
-def apply(cl: Cluster, manifest: dict[str, Any]) -> None:
+def apply(cl: ClusterLike, manifest: dict[str, Any]) -> None:
     cl.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
 
-def running_attempt(cl: Cluster, ns: str, name: str, attempt: int, replicas: int, timeout: float = 90) -> list[Any]:
+def running_attempt(cl: ClusterLike, ns: str, name: str, attempt: int, replicas: int, timeout: float = 90) -> list[Any]:
     """Wait until exactly `replicas` pods of `attempt` run, no other pods exist, and status says Running."""
 
     def check() -> list[Any] | None:
@@ -139,7 +156,7 @@ def running_attempt(cl: Cluster, ns: str, name: str, attempt: int, replicas: int
     return wait_for(check, timeout, f"attempt {attempt} of {ns}/{name} running {replicas} workers")
 
 
-def events(cl: Cluster, ns: str, name: str) -> list[str]:
+def events(cl: ClusterLike, ns: str, name: str) -> list[str]:
     items = core(cl).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
     return [f"{e.reason}: {e.message}" for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
 
@@ -171,13 +188,13 @@ OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 LEASE_NAME = f"{RELEASE}-resilient-training-operator"  # the leader Lease (the chart's fullname), in OPERATOR_NS
 
 
-def operator_pods(cl: Cluster) -> list[Any]:
+def operator_pods(cl: ClusterLike) -> list[Any]:
     """The operator's live pods (not terminating): the leader and its standbys."""
     pods = core(cl).list_namespaced_pod(OPERATOR_NS, label_selector=OPERATOR_SELECTOR).items
     return [p for p in pods if p.metadata.deletion_timestamp is None]
 
 
-def leader_lease(cl: Cluster) -> Any:
+def leader_lease(cl: ClusterLike) -> Any:
     """The operators' leader Lease (coordination.k8s.io/v1), or None before the first election."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -190,13 +207,13 @@ def leader_lease(cl: Cluster) -> Any:
         raise
 
 
-def leader_name(cl: Cluster) -> str | None:
+def leader_name(cl: ClusterLike) -> str | None:
     """The pod the leader Lease names (holderIdentity), or None (no Lease, or released)."""
     lease = leader_lease(cl)
     return (lease.spec.holder_identity or None) if lease is not None else None
 
 
-def operator_pod(cl: Cluster) -> Any:
+def operator_pod(cl: ClusterLike) -> Any:
     """The leading operator's live pod: the one the leader Lease names; with none of the live pods named
     (before the first election, or while a deleted leader's Lease runs out) the only live pod if there is
     exactly one (a one-replica install); else None."""
@@ -206,7 +223,7 @@ def operator_pod(cl: Cluster) -> Any:
     return named if named is not None else (pods[0] if len(pods) == 1 else None)
 
 
-def standby_pods(cl: Cluster) -> list[Any]:
+def standby_pods(cl: ClusterLike) -> list[Any]:
     """The live operator pods that do not lead."""
     name = leader_name(cl)
     return [p for p in operator_pods(cl) if p.metadata.name != name]
@@ -220,17 +237,17 @@ def pod_pid(pod: Any) -> int | None:
     return int(statuses[0].container_id.rsplit("/", 1)[-1])
 
 
-def operator_pid(cl: Cluster) -> int | None:
+def operator_pid(cl: ClusterLike) -> int | None:
     """The leading operator process's pid on this machine (pods are processes)."""
     return pod_pid(operator_pod(cl))
 
 
-def operator_restarts(cl: Cluster) -> int:
+def operator_restarts(cl: ClusterLike) -> int:
     pod = operator_pod(cl)
     return sum(s.restart_count for s in (pod.status.container_statuses or [])) if pod else 0
 
 
-def operator_replicas(cl: Cluster) -> int:
+def operator_replicas(cl: ClusterLike) -> int:
     """The replicas the operator's Deployment asks for."""
     from kubernetes import client
 
@@ -239,7 +256,7 @@ def operator_replicas(cl: Cluster) -> int:
     return int(deployments[0].spec.replicas) if deployments else 1
 
 
-def wait_operator_ready(cl: Cluster, timeout: float = 120) -> Any:
+def wait_operator_ready(cl: ClusterLike, timeout: float = 120) -> Any:
     """Until every replica the Deployment asks for runs a live process and one of them holds the leader
     Lease; returns the leader's pod."""
 
@@ -253,11 +270,9 @@ def wait_operator_ready(cl: Cluster, timeout: float = 120) -> Any:
     return wait_for(ready, timeout, "the operator pods running, one of them leading")
 
 
-def crash_operator(cl: Cluster) -> int:
+def crash_operator(cl: ClusterLike) -> int:
     """SIGKILL the leading operator process (a crash: no cleanup); its pod restarts the container, which
     takes its own Lease back (or a standby takes it once it expires). Old pid."""
-    import os
-    import signal
 
     pod = wait_for(lambda: (p := operator_pod(cl)) is not None and pod_pid(p) is not None and p, 60,
                    "the leading operator process")  # fmt: skip
@@ -275,11 +290,9 @@ def crash_operator(cl: Cluster) -> int:
     return int(pid)
 
 
-def restart_operators(cl: Cluster) -> None:
+def restart_operators(cl: ClusterLike) -> None:
     """SIGKILL every replica's process at once (each container restarts in its pod): every process then runs
     under the cluster's current RBAC. The pod the Lease names takes it back, as a lone operator would."""
-    import os
-    import signal
 
     pods = wait_for(lambda: (ps := operator_pods(cl)) and all(pod_pid(p) for p in ps) and ps, 60,
                     "the operator processes")  # fmt: skip
@@ -298,7 +311,7 @@ def restart_operators(cl: Cluster) -> None:
     wait_for(restarted, 90, "every operator container restarted")
 
 
-def delete_operator_pod(cl: Cluster) -> None:
+def delete_operator_pod(cl: ClusterLike) -> None:
     """Force-delete the leading operator's pod (no grace): the Deployment makes a new one, and a live
     replica leads (a standby at once, after the Lease expires; with one replica, the new pod)."""
     old = wait_for(lambda: operator_pod(cl), 60, "the operator pod").metadata.name
@@ -306,7 +319,7 @@ def delete_operator_pod(cl: Cluster) -> None:
     wait_for(lambda: (p := operator_pod(cl)) is not None and p.metadata.name != old, 60, "a new operator pod")
 
 
-def operator_log(cl: Cluster) -> str:
+def operator_log(cl: ClusterLike) -> str:
     pod = operator_pod(cl)
     return cl.pod_log(OPERATOR_NS, pod.metadata.name) if pod else ""
 
@@ -318,7 +331,7 @@ def process_rss_bytes(pid: int) -> int:
     return 0
 
 
-def operator_metrics(cl: Cluster, timeout: float = 5, pod: Any = None) -> str:
+def operator_metrics(cl: ClusterLike, timeout: float = 5, pod: Any = None) -> str:
     """The leading operator's Prometheus text (or `pod`'s), scraped from its pod IP (port 8080) as Prometheus
     would."""
     import urllib.request
@@ -330,8 +343,7 @@ def operator_metrics(cl: Cluster, timeout: float = 5, pod: Any = None) -> str:
             return str(resp.read().decode())
 
     # Pod addresses live inside the local cluster's network namespace; kind's are routed from the host.
-    in_netns = getattr(cl, "in_netns", None)
-    return str(in_netns(scrape, timeout=timeout + 5)) if in_netns else scrape()
+    return str(cl.in_netns(scrape, timeout=timeout + 5)) if isinstance(cl, HasNetns) else scrape()
 
 
 def metric_samples(text: str, name: str) -> dict[str, float]:
@@ -344,43 +356,35 @@ def metric_samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def api_ready(cl: Cluster) -> bool:
+def api_ready(cl: ClusterLike) -> bool:
     res = cl.kubectl("get", "--raw", "/readyz", check=False, timeout=10)
     return res.returncode == 0 and res.stdout.strip() == "ok"
 
 
-def restart_component(cl: Cluster, name: str, down_seconds: float = 0.0, timeout: float = 120) -> None:
+def restart_component(cl: ClusterLike, name: str, down_seconds: float = 0.0, timeout: float = 120) -> None:
     """Stop a control-plane process and start it again with the same flags (the harness does it)."""
+    assert isinstance(cl, RestartableControlPlane), f"{type(cl).__name__} cannot restart its control plane"
     cl.restart_component(name, down_seconds=down_seconds, timeout=timeout)
 
 
-def signal_component(cl: Cluster, name: str, sig: int) -> None:
+def signal_component(cl: ClusterLike, name: str, sig: int) -> None:
     """SIGSTOP/SIGCONT a control-plane process (e.g. etcd frozen: the API server cannot reach storage)."""
-    import os
+    assert isinstance(cl, RestartableControlPlane), f"{type(cl).__name__} cannot signal its control plane"
+    cl.signal_component(name, sig)
 
-    os.kill(cl.components[name].proc.pid, sig)
 
-
-def pause_node_agent(cl: Cluster, node: str) -> None:
+def pause_node_agent(cl: ClusterLike, node: str) -> None:
     """Freeze only the node's agent: heartbeats (Lease, status) stop, its pods keep running."""
-    import os
-    import signal
-
-    proc = cl.nodes[node].proc
-    assert proc is not None and proc.poll() is None, f"agent of {node} not running"
-    os.kill(proc.pid, signal.SIGSTOP)
+    assert isinstance(cl, Partitionable), f"{type(cl).__name__} cannot partition a node"
+    cl.partition_node(node)
 
 
-def resume_node_agent(cl: Cluster, node: str) -> None:
-    import os
-    import signal
-
-    proc = cl.nodes[node].proc
-    assert proc is not None
-    os.kill(proc.pid, signal.SIGCONT)
+def resume_node_agent(cl: ClusterLike, node: str) -> None:
+    assert isinstance(cl, Partitionable), f"{type(cl).__name__} cannot partition a node"
+    cl.heal_node(node)
 
 
-def lease_age(cl: Cluster, node: str) -> float:
+def lease_age(cl: ClusterLike, node: str) -> float:
     """Seconds since the node's Lease was last renewed."""
     from datetime import UTC, datetime
 
@@ -390,17 +394,18 @@ def lease_age(cl: Cluster, node: str) -> float:
     return (datetime.now(UTC) - lease.spec.renew_time).total_seconds()
 
 
-def job_status(cl: Cluster, ns: str, name: str) -> dict[str, Any]:
+def job_status(cl: ClusterLike, ns: str, name: str) -> dict[str, Any]:
     return dict(get_job(cl, ns, name).get("status") or {})
 
 
-def job_statuses(cl: Cluster, ns: str) -> dict[str, dict[str, Any]]:
+def job_statuses(cl: ClusterLike, ns: str) -> dict[str, dict[str, Any]]:
     """Every job's status in a namespace, in one list call (many-job tests and the scale bench)."""
     items = custom(cl).list_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL)["items"]
     return {i["metadata"]["name"]: dict(i.get("status") or {}) for i in items}
 
 
-def wait_phase(cl: Cluster, ns: str, name: str, phases: str | tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+def wait_phase(cl: ClusterLike, ns: str, name: str, phases: str | tuple[str, ...],
+               timeout: float = 90) -> dict[str, Any]:
     """Until status.phase is one of `phases`; returns the status."""
     wanted = (phases,) if isinstance(phases, str) else phases
 
@@ -411,7 +416,7 @@ def wait_phase(cl: Cluster, ns: str, name: str, phases: str | tuple[str, ...], t
     return wait_for(check, timeout, f"{ns}/{name} in phase {'/'.join(wanted)}", interval=0.1)
 
 
-def assert_single_attempt(cl: Cluster, ns: str, name: str, attempt: int, replicas: int) -> list[Any]:
+def assert_single_attempt(cl: ClusterLike, ns: str, name: str, attempt: int, replicas: int) -> list[Any]:
     """Exactly one attempt's pods, one per rank, no duplicates, no stragglers of another attempt."""
     pods = job_pods(cl, ns, name)
     ranks = sorted(int(p.metadata.labels[c.LABEL_RANK]) for p in pods)

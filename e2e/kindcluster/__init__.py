@@ -84,6 +84,7 @@ class KindCluster(ClusterTools):
     workers: list[str]
     runner: Runner = default_runner
     claimed: dict[str, str] = field(default_factory=dict)  # requested name -> kind node name
+    paused: set[str] = field(default_factory=set)  # requested names killed (docker pause) and not restored
 
     @classmethod
     def create_commands(cls, name: str, config_path: Path, kubeconfig: Path) -> list[list[str]]:
@@ -152,10 +153,15 @@ class KindCluster(ClusterTools):
     def kill_node(self, name: str) -> None:
         """See kill_command."""
         self.runner(self.kill_command(name))
+        self.paused.add(name)
+
+    def is_killed(self, name: str) -> bool:
+        return name in self.paused
 
     def restore_node(self, name: str, *, wait: bool = True, timeout: float = 120) -> None:
         """See restore_command; waits for Ready."""
         self.runner(self.restore_command(name))
+        self.paused.discard(name)
         if wait:
             self.kubectl("wait", "--for=condition=Ready", f"node/{self.node_name(name)}", f"--timeout={int(timeout)}s",
                          timeout=timeout + 10)

@@ -119,6 +119,7 @@ class NodeHandle:
     config: Path
     proc: subprocess.Popen[bytes] | None = None
     killed: bool = False
+    partitioned: bool = False
 
 
 @dataclass
@@ -415,6 +416,17 @@ class Cluster(ClusterTools):
                  timeout, "default ServiceAccount")
         self._save()
 
+    def adopt(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> Component:
+        """Stop a process started outside the namespace (e.g. KWOK) with the cluster, and by its watchdog."""
+        comp = Component(name, proc, log)
+        self.components[name] = comp
+        self._save()
+        return comp
+
+    def signal_component(self, name: str, sig: int) -> None:
+        """Signal a control-plane process (SIGSTOP etcd: the API server cannot reach its storage)."""
+        os.kill(self.components[name].proc.pid, sig)
+
     def start_component(self, name: str, binary: Path, args: list[str]) -> Component:
         """Run an add-on controller (e.g. Kueue, e2e/kueue.py) like the control plane: inside the
         cluster's network namespace, logged to logs/<name>.log, stopped with the cluster."""
@@ -564,7 +576,7 @@ class Cluster(ClusterTools):
         if node.proc and node.proc.poll() is None:
             kill_process_tree(node.proc.pid)
             node.proc.wait(timeout=10)
-        node.killed = True
+        node.killed, node.partitioned = True, False
 
     def restore_node(self, name: str, *, wait: bool = True, timeout: float = 60) -> None:
         """The machine reboots: a fresh agent reconciles with the API (Terminating pods get finalized)."""
@@ -575,6 +587,27 @@ class Cluster(ClusterTools):
         self._save()
         if wait:
             self.wait_node_ready(name, timeout=timeout)
+
+    def is_killed(self, name: str) -> bool:
+        """True between `kill_node` and `restore_node`."""
+        return self.nodes[name].killed
+
+    def partition_node(self, name: str) -> None:
+        """The node is cut off: its agent is frozen (SIGSTOP), so heartbeats stop while its pods run on."""
+        proc = self.nodes[name].proc
+        assert proc is not None and proc.poll() is None, f"agent of {name} not running"
+        os.kill(proc.pid, signal.SIGSTOP)
+        self.nodes[name].partitioned = True
+
+    def heal_node(self, name: str) -> None:
+        """Undo `partition_node`: the agent resumes and reports again."""
+        proc = self.nodes[name].proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGCONT)
+        self.nodes[name].partitioned = False
+
+    def partitioned_nodes(self) -> list[str]:
+        return [n for n, h in self.nodes.items() if h.partitioned and not h.killed]
 
     def wait_node_ready(self, name: str, timeout: float = 60) -> None:
         """Block until the node is Ready, failing early if its agent dies."""

@@ -46,7 +46,6 @@ class RealNode(NodeHandle):
 
     cgroup: str = ""
     containerd: subprocess.Popen[bytes] | None = None
-    partitioned: bool = False
     gpus: int = 0
     argv: list[str] = field(default_factory=list)
 

@@ -163,20 +163,15 @@ def create_namespace(cluster: RealCluster, name: str, labels: dict[str, str] | N
 
 def install_operator(cluster: RealCluster, image: images.ImageRef, log_level: str = "DEBUG") -> None:
     """helm install the chart running `image` (pullPolicy Never: imported, not pulled) on the infra node."""
-    shared = cluster.host_path(support.HOST_DIR)
-    shared.mkdir(parents=True, exist_ok=True)
-    shared.chmod(0o1777)  # workers run as their image's non-root user; each job gets its own root inside
+    support.shared_dir(cluster)
     create_namespace(cluster, support.OPERATOR_NS)
     scenarios.shared_claim(cluster, support.OPERATOR_NS)  # the operator's (read-only) view of the same storage
     repository, _, tag = image.ref.rpartition(":")
-    cluster.helm("install", support.RELEASE, str(support.CHART), "--namespace", support.OPERATOR_NS,
-                 "--wait", "--timeout", "180s",
-                 "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-                 "--set", "image.pullPolicy=Never",
-                 "--set", f"checkpointStorage.existingClaim={scenarios.CLAIM}",
-                 "--set", f"checkpointStorage.mountPath={support.MOUNT}",
-                 "--set", f"nodeSelector.role={INFRA}", "--set", f"logLevel={log_level}",
-                 "--set", "replicaCount=1", timeout=240)  # the lane checks one image's pod; HA: test_ha.py
+    # replicaCount 1: the lane checks one image's pod; HA is test_ha.py's
+    support.helm_install(cluster, {
+        "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
+        "checkpointStorage.existingClaim": scenarios.CLAIM, "checkpointStorage.mountPath": support.MOUNT,
+        "nodeSelector.role": INFRA, "logLevel": log_level, "replicaCount": "1"}, wait="180s", timeout=240)
 
 
 def operator_exec(cluster: RealCluster, *cmd: str) -> Any:
@@ -203,9 +198,9 @@ def job_namespace(lane: Lane, name: str) -> Iterator[str]:
         yield name
     finally:
         cl.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        for node in cl.partitioned_nodes():
+            cl.heal_node(node)
         for node, handle in cl.nodes.items():
-            if getattr(handle, "partitioned", False):
-                cl.heal_node(node)
             if handle.killed:
                 cl.restore_node(node, timeout=90)
         wait_for(lambda: not [p for p in support.core(cl).list_pod_for_all_namespaces(

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.kwokcluster import KwokCluster, run_scale
+from bench.scale_bench import run_scale
+from e2e.kwokcluster import KwokCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]
 NODES, JOBS, WORKERS, KILL = 100, 200, 2, 10
