@@ -11,7 +11,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .node_agent import NodeAgent
+    from .node_context import NodeContext
 
 LOG = logging.getLogger("node-agent")
 
@@ -23,7 +23,7 @@ class KubeletServer(threading.Thread):
     (the apiserver's kubelet-client cert) are accepted, as a kubelet with x509 authn would.
     """
 
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: NodeContext) -> None:
         super().__init__(daemon=True, name="kubelet-api")
         cfg = agent.cfg
         handler = self._handler(agent)
@@ -34,7 +34,7 @@ class KubeletServer(threading.Thread):
         self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
 
     @staticmethod
-    def _handler(agent: NodeAgent) -> Any:
+    def _handler(agent: NodeContext) -> Any:
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, fmt: str, *args: Any) -> None:
                 LOG.debug("kubelet api: " + fmt, *args)
@@ -64,6 +64,7 @@ class KubeletServer(threading.Thread):
                 self.wfile.write(data)
                 if q.get("follow", ["false"])[0] != "true":
                     return
+                assert rt is not None  # a path came from it
                 pos = path.stat().st_size
                 with path.open("rb") as f:
                     f.seek(pos)
@@ -72,8 +73,7 @@ class KubeletServer(threading.Thread):
                         if chunk:
                             self.wfile.write(chunk)
                             self.wfile.flush()
-                        elif all(c.proc is None or c.proc.poll() is not None for c in rt.containers
-                                 if c.name == container):
+                        elif rt.stopped(container):
                             return
                         else:
                             time.sleep(0.2)

@@ -217,10 +217,10 @@ class NodeAgent:
         with self.lock:
             return next((r for r in self.runtimes.values() if (r.ns, r.pod_name) == (ns, name)), None)
 
-    def pod_finished(self, rt: PodRuntime) -> None:
+    def pod_finished(self, uid: str) -> None:
         """A pod worker ended: forget it (a new pod with the same name has a new uid)."""
         with self.lock:
-            self.runtimes.pop(rt.uid, None)
+            self.runtimes.pop(uid, None)
         self.wake.set()
 
     def run(self) -> None:

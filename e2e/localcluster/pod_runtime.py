@@ -26,7 +26,7 @@ from . import network, podspec
 from .kubeapi import ApiError, now
 
 if TYPE_CHECKING:
-    from .node_agent import NodeAgent
+    from .node_context import NodeContext
 
 LOG = logging.getLogger("node-agent")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class Container:
 class PodRuntime(threading.Thread):
     """Drives one pod from sandbox setup to final deletion, like the kubelet's pod worker."""
 
-    def __init__(self, agent: NodeAgent, pod: dict[str, Any], ip: str, rebooted: bool) -> None:
+    def __init__(self, agent: NodeContext, pod: dict[str, Any], ip: str, rebooted: bool) -> None:
         meta = pod["metadata"]
         super().__init__(daemon=True, name=f"pod {meta['namespace']}/{meta['name']}")
         self.agent, self.pod, self.ip = agent, pod, ip
@@ -110,6 +110,10 @@ class PodRuntime(threading.Thread):
     def deleting(self) -> bool:
         """The API asked for graceful deletion."""
         return bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    def stopped(self, container: str) -> bool:
+        """True when no process of `container` runs (where a `kubectl logs -f` ends)."""
+        return all(c.proc is None or c.proc.poll() is not None for c in self.containers if c.name == container)
 
     # ------------------------------------------------------------ sandbox
     def context(self) -> podspec.PodContext:
@@ -409,7 +413,7 @@ class PodRuntime(threading.Thread):
         except Exception:
             LOG.exception("pod worker %s/%s crashed", self.ns, self.pod_name)
         finally:
-            self.agent.pod_finished(self)
+            self.agent.pod_finished(self.uid)
 
     def _run(self) -> None:
         if self.rebooted and self.pod["spec"].get("restartPolicy", "Always") == "Never":
