@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from e2e import get_cluster, scenarios, support
-from e2e.localcluster.binaries import ensure_binaries
+from e2e.controlplane.binaries import ensure_binaries
 from resilient_operator import constants as c
 
 NS = "demo"

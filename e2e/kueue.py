@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import wait_for
+from e2e.controlplane import ControlPlane
+from e2e.controlplane.binaries import REPO_ROOT
 from resilient_operator import constants as c
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "kueue" / "build.sh"
@@ -83,7 +84,7 @@ def _config(cert_dir: Path) -> dict[str, Any]:
     }
 
 
-def install(cluster: Cluster, timeout: float = 120) -> None:
+def install(cluster: ControlPlane, timeout: float = 120) -> None:
     """CRDs, the manager (waits for its /readyz), then its webhooks; idempotent per cluster."""
     d = kueue_dir()
     pki = cluster.pki
@@ -136,7 +137,7 @@ def install(cluster: Cluster, timeout: float = 120) -> None:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(hook))
 
 
-def stop(cluster: Cluster) -> None:
+def stop(cluster: ControlPlane) -> None:
     """Stop the manager (its CRDs and objects stay; nothing else in the cluster depends on it)."""
     for name in ("kueue-mutating-webhook-configuration", "kueue-validating-webhook-configuration"):
         kind = "mutatingwebhookconfiguration" if "mutating" in name else "validatingwebhookconfiguration"
@@ -147,7 +148,7 @@ def stop(cluster: Cluster) -> None:
         comp.proc.wait(timeout=30)
 
 
-def queues(cluster: Cluster, namespace: str, gpus: int = 4) -> None:
+def queues(cluster: ControlPlane, namespace: str, gpus: int = 4) -> None:
     """A flavor for the training pool, a ClusterQueue with `gpus` nvidia.com/gpu (preempting lower
     priority within it), the priority classes and two LocalQueues in `namespace`."""
     objects: list[dict[str, Any]] = [
@@ -170,6 +171,6 @@ def queues(cluster: Cluster, namespace: str, gpus: int = 4) -> None:
              "Kueue's queues applied (webhooks answering)")
 
 
-def workloads(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+def workloads(cluster: ControlPlane, namespace: str) -> list[dict[str, Any]]:
     out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "json")
     return list(json.loads(out.stdout)["items"])

@@ -1,9 +1,10 @@
 """KWOK on the local control plane: thousands of fake nodes and pods without processes, for scale only.
 
-The control plane is `e2e.localcluster.Cluster`'s (real etcd, apiserver, controller-manager,
-scheduler). The operator runs as its pod (helm, its ServiceAccount) on one simulated process node,
-`infra`; every other node is a KWOK node (annotation `kwok.x-k8s.io/node=fake`), which KWOK keeps
-Ready and whose Lease it renews every 10 s (leaseDurationSeconds 40 / 4, as a kubelet does); pods
+The control plane is e2e.controlplane's (real etcd, apiserver, controller-manager, scheduler), with
+the simulated nodes of `e2e.localcluster.Cluster` beside KWOK's. The operator runs as its pod (helm,
+its ServiceAccount) on one simulated process node, `infra`; every other node is a KWOK node
+(annotation `kwok.x-k8s.io/node=fake`), which KWOK keeps Ready and whose Lease it renews every 10 s
+(leaseDurationSeconds 40 / 4, as a kubelet does); pods
 bound to them become Running through KWOK's stock stages. The scheduler places the pods for real.
 
 Killing a KWOK node changes that annotation (KWOK stops selecting the node, as its docs describe taking
@@ -23,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from e2e import support
-from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, Component, wait_for
+from e2e.cluster import wait_for
+from e2e.controlplane import Component
+from e2e.controlplane.binaries import REPO_ROOT
+from e2e.localcluster import Cluster
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "kwok" / "build.sh"
 MANAGED = "kwok.x-k8s.io/node"

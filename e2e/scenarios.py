@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.support import HOST_DIR, MOUNT, events, get_job, job_pods, wait_phase
 from resilient_contract import layout, lineage
 from resilient_operator import constants as c
@@ -30,7 +30,7 @@ TOLERANCE = 1e-5  # relative L2 between final models across world sizes, see tra
 CLAIM = "rtj-checkpoints"
 
 
-def shared_claim(cluster: Cluster, namespace: str) -> None:
+def shared_claim(cluster: ClusterLike, namespace: str) -> None:
     """The example's RWX claim, bound to the same storage the operator mounts (hostPath HOST_DIR)."""
     pv = f"{namespace}-{CLAIM}"
     cluster.apply([
@@ -67,19 +67,19 @@ def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: i
     return job
 
 
-def host_root(cluster: Cluster, job: dict[str, Any]) -> Path:
+def host_root(cluster: ClusterLike, job: dict[str, Any]) -> Path:
     """Where the job's checkpoint root lives on this machine."""
     rel = job["spec"]["checkpoint"]["root"].removeprefix(MOUNT)
     return cluster.host_path(HOST_DIR + rel)
 
 
-def first_complete_checkpoint(cluster: Cluster, job: dict[str, Any], timeout: float = 180) -> layout.Verdict:
+def first_complete_checkpoint(cluster: ClusterLike, job: dict[str, Any], timeout: float = 180) -> layout.Verdict:
     root = host_root(cluster, job)
     return wait_for(lambda: root.is_dir() and layout.latest_complete(layout.LocalStore(str(root))), timeout,
                     "the first complete checkpoint")  # fmt: skip
 
 
-def trainer_log(cluster: Cluster, namespace: str, pod: str) -> str:
+def trainer_log(cluster: ClusterLike, namespace: str, pod: str) -> str:
     return cluster.pod_log(namespace, pod)
 
 
@@ -112,7 +112,7 @@ class Timeline:
         return "  ".join(f"{s}={getattr(self, s):6.2f}s" for s in self.STAGES)
 
 
-def kill_and_time(cluster: Cluster, namespace: str, name: str, node: str, timeout: float = 240) -> Timeline:
+def kill_and_time(cluster: ClusterLike, namespace: str, name: str, node: str, timeout: float = 240) -> Timeline:
     """Kill `node`, then watch the job through every recovery stage (polls, each bounded)."""
     before = get_job(cluster, namespace, name)["status"]
     old_attempt = before["attempt"]

@@ -12,7 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .binaries import ensure_binaries
+from e2e.controlplane.binaries import ensure_binaries
+
 from .cluster import Cluster, down, newest_dir
 
 

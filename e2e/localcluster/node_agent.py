@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import network, podspec
+from e2e.controlplane import network
+
+from . import podspec
 from .kubeapi import Api, ApiError, Informer, now, now_micro
 from .kubelet_api import KubeletServer
 from .pod_runtime import PodRuntime

@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import network, podspec
+from e2e.controlplane import network
+
+from . import podspec
 from .kubeapi import ApiError, now
 
 if TYPE_CHECKING:

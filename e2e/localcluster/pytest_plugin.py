@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .binaries import ensure_binaries
+from e2e.controlplane.binaries import ensure_binaries
 
 failed_key = pytest.StashKey[bool]()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from e2e.localcluster.cluster import newest_dir
+from e2e.controlplane import newest_dir
 
 from .binaries import ensure_images, ensure_node_binaries
 from .cluster import RealCluster, down

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from e2e.localcluster.binaries import REPO_ROOT
+from e2e.controlplane.binaries import REPO_ROOT
 
 HACK = REPO_ROOT / "hack" / "realnodes"
 

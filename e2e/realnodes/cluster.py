@@ -1,9 +1,9 @@
 """Real nodes: a real kubelet and containerd per node, CoreDNS and kube-proxy, on the local control plane.
 
-`RealCluster` is the local backend's cluster (same control plane, same network namespace, same
-`ClusterLike` interface) whose nodes are real: per node a containerd (own root, state and socket) and a
-kubelet (client cert from the cluster CA, cgroupfs under a cgroup root of its own), both in the
-cluster's network namespace and in a mount namespace (and root) of the node's own, its "machine"
+`RealCluster` is a node backend on the local control plane (e2e.controlplane: same network namespace,
+same `ClusterLike` interface as the simulated nodes) whose nodes are real: per node a containerd (own
+root, state and socket) and a kubelet (client cert from the cluster CA, cgroupfs under a cgroup root of
+its own), both in the cluster's network namespace and in a mount namespace (and root) of the node's own, its "machine"
 (node_init.sh): /var/lib and /var/log are the node's directories, /run a tmpfs of its own, the shared
 hostPath roots (SHARED_PATHS) the cluster's `host_path` directories, any other new top-level path the
 node's own, and the global sysctls the kubelet would set are files holding the values it wants
@@ -19,16 +19,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from e2e.cluster import wait_for
-from e2e.localcluster import network
-from e2e.localcluster.binaries import REPO_ROOT
-from e2e.localcluster.cluster import Cluster, NodeHandle, _in_cluster
+from e2e.controlplane import network
+from e2e.controlplane.plane import ControlPlane, NodeHandle
 
 from . import cgroups, config
 from .binaries import ensure_images, ensure_node_binaries, image_refs
@@ -41,8 +39,7 @@ SHARED_PATHS = ("/rtj-checkpoints", "/rtj-shared")
 
 @dataclass
 class RealNode(NodeHandle):
-    """One real node. As the local backend's handle (`proc` is the kubelet, `killed`), so code that
-    freezes a node's agent (SIGSTOP `proc`) or restores killed nodes works on both; plus containerd."""
+    """One real node: the control plane's node handle (`proc` is the kubelet), plus containerd."""
 
     cgroup: str = ""
     containerd: subprocess.Popen[bytes] | None = None
@@ -56,8 +53,11 @@ class RealNode(NodeHandle):
 
 
 @dataclass
-class RealCluster(Cluster):
+class RealCluster(ControlPlane):
     """The local control plane with real nodes, CoreDNS (on the bridge address) and kube-proxy."""
+
+    # Its `down` also kills the nodes (by cgroup: shims and containers too).
+    DOWN_MODULE: ClassVar[str] = "e2e.realnodes.cluster"
 
     node_bin_dir: Path = Path()
     image_dir: Path = Path()
@@ -66,12 +66,11 @@ class RealCluster(Cluster):
     nodes: dict[str, RealNode] = field(default_factory=dict)  # type: ignore[assignment]
 
     @classmethod
-    def start(cls, name: str = "rtj", **kwargs: Any) -> RealCluster:
+    def start(cls, name: str = "rtj", **kwargs: Any) -> Self:
         """Build/reuse the node binaries and images, start the control plane, then CoreDNS and kube-proxy."""
         node_bin, image_dir = ensure_node_binaries(), ensure_images()
         cgroups.cleanup_stale(network.list_netns())
         cluster = super().start(name, **kwargs)
-        assert isinstance(cluster, RealCluster)
         cluster.node_bin_dir, cluster.image_dir = node_bin, image_dir
         cluster.images = image_refs(image_dir)
         cluster.image_archives = sorted(image_dir.glob("*.tar"))
@@ -81,15 +80,6 @@ class RealCluster(Cluster):
             cluster.stop()
             raise
         return cluster
-
-    def _start_watchdog(self) -> None:
-        # As the local backend's, but its `down` also kills the nodes (by cgroup: shims and containers too).
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read(); "
-             "from e2e.realnodes.cluster import down; down(sys.argv[1])", str(self.dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=(self.dir / "watchdog.log").open("ab"),
-            start_new_session=True, cwd=REPO_ROOT, env=env)
 
     @property
     def dns_address(self) -> str:
@@ -135,7 +125,7 @@ class RealCluster(Cluster):
         self._save()
 
     def describe(self) -> dict[str, Any]:
-        """cluster.json: the local backend's fields plus every real node's processes and cgroup."""
+        """cluster.json: the control plane's fields plus every real node's processes and cgroup."""
         info = super().describe()
         info["backend"] = "real"
         info["real_nodes"] = {n.name: {"dir": str(n.dir), "cgroup": n.cgroup, "address": n.address,
@@ -158,20 +148,15 @@ class RealCluster(Cluster):
         del cpu, memory
         if name in self.nodes:
             raise ValueError(f"node {name} exists")
-        index = len(self.nodes) + 1
         ndir = self.dir / "nodes" / name
         for sub in ("machine/var-lib", "machine/var-log", "cni", "containerd"):
             (ndir / sub).mkdir(parents=True, exist_ok=True)
-        address = network.add_node_address(self.netns, index, self.subnet)
+        index, address, serving_crt, serving_key = self.enroll_node(name, ndir)
         node = RealNode(name=name, index=index, address=address, dir=ndir, config=ndir / "kubelet.yaml",
                         cgroup=cgroups.node_root(self.netns, name), gpus=gpus)
         for rel, value in config.KUBELET_SYSCTLS.items():
             (ndir / "machine" / "sysctl" / rel).parent.mkdir(parents=True, exist_ok=True)
             (ndir / "machine" / "sysctl" / rel).write_text(value + "\n")
-        crt, key = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
-        self._write_kubeconfig(ndir / "kubeconfig", f"system:node:{name}", crt, key)
-        serving_crt, serving_key = self.pki.issue(f"node-{name}-serving", f"system:node:{name}", ("system:nodes",),
-                                                  server=True, client=False, dns=(name,), ips=(address,))
         (ndir / "containerd.toml").write_text(config.containerd_config(ndir, self.images["pause"], ndir / "cni"))
         (ndir / "cni" / "10-rtj.conflist").write_text(config.to_json(
             config.cni_conflist(index, Path("/var/lib/cni/networks"))))
@@ -200,7 +185,7 @@ class RealCluster(Cluster):
                 ["unshare", "--mount", "--propagation", "private", "--", "sh", str(NODE_INIT), str(node.dir),
                  str(self.hostpath_root), *SHARED_PATHS, "--",
                  "containerd", f"--config={node.dir / 'containerd.toml'}"],
-                preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509 (two syscalls, see _in_cluster)
+                preexec_fn=self.preexec(),  # noqa: PLW1509 (two syscalls, see controlplane.in_cluster)
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         cgroups.join_runtime(node.cgroup, node.containerd.pid)
         node.killed = node.partitioned = False
@@ -219,7 +204,7 @@ class RealCluster(Cluster):
             node.proc = subprocess.Popen(
                 ["nsenter", f"--target={node.containerd.pid}", "--mount", "--root", "--wd", "--",
                  str(self.node_bin_dir / "kubelet"), *node.argv],
-                preexec_fn=_in_cluster(self._netns_fd),  # noqa: PLW1509
+                preexec_fn=self.preexec(),  # noqa: PLW1509
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         cgroups.join_runtime(node.cgroup, node.proc.pid)
         self._save()
@@ -366,7 +351,7 @@ def _cri_log_line(line: str) -> str:
 
 def down(cluster_dir: Path | str) -> None:
     """Tear down a real-node cluster from its directory: nodes by cgroup, then the local backend's `down`."""
-    from e2e.localcluster.cluster import down as local_down
+    from e2e.controlplane.plane import down as local_down
 
     info = json.loads((Path(cluster_dir) / "cluster.json").read_text())
     for node in (info.get("real_nodes") or {}).values():

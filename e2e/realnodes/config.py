@@ -1,7 +1,7 @@
 """The configuration files of a real node and the cluster add-ons, as pure functions of their inputs.
 
 Every path a file names lives under the cluster's directory, every address inside the cluster's network
-namespace (e2e/localcluster/network.py): node i has InternalIP `10.100.<i>.1` on the cluster bridge and
+namespace (e2e/controlplane/network.py): node i has InternalIP `10.100.<i>.1` on the cluster bridge and
 pod CIDR `10.244.<i>.0/24` on a bridge `cni<i>` of its own, both in that namespace, so routes between
 the nodes' pods are the namespace's connected routes and nothing reaches the host's.
 """

@@ -511,7 +511,7 @@ def test_nodes_and_pods_survive_an_apiserver_restart(cluster: Any, core: client.
 
 def _host_network() -> dict[str, str]:
     """The host's interfaces, addresses and routes (every table), as `ip` prints them."""
-    from e2e.localcluster import network
+    from e2e.controlplane import network
 
     return {" ".join(cmd): network.ip(*cmd).stdout for cmd in
             (("-o", "addr"), ("route", "show", "table", "all"), ("-6", "route", "show", "table", "all"),
@@ -522,7 +522,8 @@ def _host_network() -> dict[str, str]:
 def test_a_cluster_adds_nothing_to_the_host_network_and_leaves_nothing_behind() -> None:
     """Start a cluster with a node and a running pod (its namespace, veth, address), stop it: the host's
     interfaces and routes are exactly as before, and no namespace of that cluster is left."""
-    from e2e.localcluster import Cluster, network
+    from e2e.controlplane import network
+    from e2e.localcluster import Cluster
 
     before = _host_network()
     c = Cluster.start("hostnet")
@@ -548,7 +549,7 @@ def test_namespaces_of_a_dead_cluster_are_cleaned_up() -> None:
     import subprocess
     import uuid
 
-    from e2e.localcluster import network
+    from e2e.controlplane import network
 
     dead = network.cluster_netns_name(f"dead-{uuid.uuid4().hex[:6]}")
     live = network.cluster_netns_name(f"live-{uuid.uuid4().hex[:6]}")

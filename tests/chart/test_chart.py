@@ -84,7 +84,7 @@ STORAGE_MODES = {
 def helm_binary() -> str | None:
     """helm from hack/k8s/build.sh's bin dir (or RTJ_K8S_BIN_DIR), else one on PATH."""
     try:
-        from e2e.localcluster.binaries import bin_dir
+        from e2e.controlplane.binaries import bin_dir
 
         built = bin_dir() / "helm"
         if built.is_file():

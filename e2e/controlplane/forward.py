@@ -6,7 +6,7 @@ Connections it accepts are therefore made on the host, and the ones it opens to 
 inside the namespace: the host needs no interface, route, forwarding or NAT rule. TLS passes through
 untouched (the apiserver's certificate names 127.0.0.1).
 
-Run (by cluster.py): python -m e2e.localcluster.forward --listen-fd N --target 10.100.0.1:6443 --cluster-dir DIR
+Run (by plane.py): python -m e2e.controlplane.forward --listen-fd N --target 10.100.0.1:6443 --cluster-dir DIR
 """
 
 from __future__ import annotations
