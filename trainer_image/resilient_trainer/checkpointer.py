@@ -2,7 +2,7 @@
 
     ckpt = Checkpointer(root, model, optimizer, ctx=dist_ctx, scheduler=sched, train_state=ts)
     resumed = ckpt.resume()              # loads $RTJ_RESUME_FROM (any world size) or returns None
-    ckpt.save(step)                      # async: stage to CPU, upload in a thread; <=1 save in flight
+    ckpt.save(step)                      # async: stage to CPU, upload in a thread/process; <=1 in flight
     ckpt.save(step, blocking=True)       # e.g. on SIGTERM
     ckpt.close()                         # waits for the last upload
 
@@ -17,8 +17,10 @@ Design choices and the traps they avoid:
   is kept and the save skipped. The rule discovery applies is in `resilient_contract.lineage`.
 - The root is a mounted path or `s3://bucket/prefix` (`storage.open_root`): DCP's FileSystemWriter/Reader
   or FsspecWriter/Reader over s3fs, with credentials and endpoint from the standard AWS environment.
-- Async uploads use THREAD mode: PROCESS mode spawns a helper that re-imports the entry module (a script
-  without a `__main__` guard would start training again in the helper).
+- `upload_in="thread"` (default) uploads in a thread of the training process; `upload_in="process"` in a
+  per-rank writer process fed through shared memory (`upload`: DCP's PROCESS helper spawned with the entry
+  module hidden, so a script without a `__main__` guard is not re-run; it dies with its trainer). The
+  writer's guards (fence, group, all W results) are a picklable `upload.GuardedWriter`.
 - Staging options are picked per device: on CPU, non-blocking copies assert on an accelerator and
   pinned/shared memory buys nothing, so only background staging is on; on CUDA, pinned memory +
   non-blocking copies on a side stream. Staging runs in the background, overlapping the next forward/
@@ -52,20 +54,24 @@ Design choices and the traps they avoid:
   gone (DCP would otherwise fall back to one process per rank, each writing the same file names into one
   directory), and rank 0 refuses to commit `.metadata` unless all W ranks' write results reached it.
   `outcome.record_success` waits for the save in flight, so the success marker never precedes it.
-- After an async save, retention (listing the root, deleting old checkpoints) runs on a background
-  thread of rank 0, off the training loop; it is joined before the next pass and in `close()`. After a
-  blocking save it runs inline.
+- Retention (listing the root, deleting old checkpoints) starts on rank 0 as soon as an async save's
+  `.metadata` is committed (a done-callback of the upload), on a one-thread executor (one pass at a time),
+  never on the training thread and never at the next `save()`; `close()` waits for it. After a blocking
+  save it runs inline (the loop waits anyway).
+- Staging copies with `Tensor.copy_` (the GIL released) into buffers reused across saves
+  (`staging.ReusingStager`): DCP's DefaultStager's `UntypedStorage.copy_` holds the GIL for the memcpy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -73,13 +79,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilient_contract import environment, layout, lineage
 from resilient_trainer import dist as rdist
-from resilient_trainer import outcome, parallel, retention, storage
+from resilient_trainer import outcome, parallel, retention, staging, storage, upload
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -112,18 +117,6 @@ class ResumeNotLoadedError(CheckpointError):
 FENCED_PREFIX = "fenced:"  # a rank-0 decision broadcast to every rank: "fenced:<newer attempt>"
 
 
-def staging_options(device: torch.device) -> StagingOptions:
-    """Per-device staging: pinned + non-blocking copies on CUDA; plain copies on CPU (non-blocking
-    copies assert without an accelerator). Background staging on both."""
-    if device.type == "cuda":
-        return StagingOptions(
-            use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True
-        )
-    return StagingOptions(
-        use_pinned_memory=False, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=False
-    )
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
         parts = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(exc.failures.items())]
@@ -150,8 +143,11 @@ class Checkpointer:
         check_reductions: bool = True,
         allow_global_batch_change: bool = False,
         extra: dict[str, Any] | None = None,
+        upload_in: str = "thread",
     ) -> None:
         rdist.require_context(ctx, "Checkpointer")
+        if upload_in not in ("thread", "process"):
+            raise ValueError(f"Checkpointer(upload_in={upload_in!r}): 'thread' or 'process'")
         for name, obj in (extra or {}).items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
                 raise TypeError(f"Checkpointer(extra={{{name!r}: ...}}): {type(obj).__qualname__} has no "
@@ -182,14 +178,18 @@ class Checkpointer:
         # Fencing tokens only under the operator (RTJ_ATTEMPT); a local run has no newer attempt to yield to.
         self.attempt = identity[0] if identity else None
         self.job = lineage.job_id(identity[1] if identity else None)
+        self._fence = upload.Fence(self.root, self.job, self.attempt) if self.attempt is not None else None
+        self.upload_in = upload_in
         self.last_blocked_s = 0.0
         self.last_saved: str | None = None
-        self._stager = DefaultStager(staging_options(ctx.device)) if async_save else None
+        self._stager = (staging.ReusingStager(staging.options(ctx.device, share=upload_in == "process"))
+                        if async_save else None)
         self._inflight: tuple[str, Future] | None = None
         self._staging: tuple[str, Future] | None = None
         self.staging_wait_s = 0.0  # time the loop waited for background staging (last save)
         self._lock = threading.Lock()
-        self._retention: threading.Thread | None = None
+        # One retention pass at a time, off the training thread (rank 0 only).
+        self._retention = ThreadPoolExecutor(1, thread_name_prefix="rtj-retention") if ctx.rank == 0 else None
         # Parameters must not change while they are being copied: the optimizer waits for staging; and an
         # optimizer step after a micro-step that reduced wrongly is refused (see parallel.guard_reductions).
         self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
@@ -213,14 +213,7 @@ class Checkpointer:
 
     def newer_attempt(self) -> int | None:
         """The newest attempt of this job that marked the root after ours, or None (never fenced locally)."""
-        if self.attempt is None:
-            return None
-        try:
-            marks = layout.read_lineage(self.storage.store(), self.job)
-        except layout.RootMissing:
-            return None  # an object store before anything was written: no mark at all
-        newest = max((attempt for attempt, _ in marks), default=0)
-        return newest if newest > self.attempt else None
+        return self._fence.newer_attempt() if self._fence is not None else None
 
     def _own(self, name: str) -> bool:
         """Whether this attempt wrote that step directory (its writer token is ours)."""
@@ -231,10 +224,8 @@ class Checkpointer:
         return lineage.parse_writer(data) == (self.job, self.attempt)
 
     def _refuse(self, path: str, newer: int) -> FencedError:
-        with contextlib.suppress(OSError):  # evidence only
-            self.storage.put(f"{storage.split(path)[1]}/{lineage.REFUSED_FILE}",
-                             lineage.format_writer(self.job, self.attempt or 0))
-        assert self.attempt is not None
+        assert self._fence is not None and self.attempt is not None
+        self._fence.refuse(path, newer)
         return FencedError(path, self.attempt, newer)
 
     # ---- state ----------------------------------------------------------------------------------
@@ -311,23 +302,32 @@ class Checkpointer:
             self.last_blocked_s = time.perf_counter() - t0
             return None
         state = self._state_dict()
-        writer = self._guarded_writer(self._fenced_writer(self.writer_factory(path), path), path)
+        # the test hold is read here, not in the upload (a race with the test's own delenv)
+        hold = os.environ.get(TEST_HOLD_METADATA_ENV) if self.attempt is not None else None
+        writer: StorageWriter = upload.GuardedWriter(self.writer_factory(path), path, self.ctx.world_size,
+                                                     self._fence, hold)
         use_async = self.async_save if blocking is None else not blocking
         try:
             if use_async and self._stager is not None:
-                _lower_priority_of_upload(writer, self.upload_niceness)
+                kind = AsyncCheckpointerType.THREAD
+                if self.upload_in == "process":
+                    upload.writer_process(self.ctx.checkpoint_group, self.upload_niceness)
+                    kind = AsyncCheckpointerType.PROCESS
+                else:
+                    _lower_priority_of_upload(writer, self.upload_niceness)
                 if self.ctx.device.type == "cuda":  # the side-stream copy must see the finished step
                     torch.cuda.synchronize(self.ctx.device)
                 future = dcp.async_save(
                     state,
                     storage_writer=writer,
                     process_group=self.ctx.checkpoint_group,
-                    async_checkpointer_type=AsyncCheckpointerType.THREAD,
+                    async_checkpointer_type=kind,
                     async_stager=self._stager,
                 )
                 staging = None
                 if not isinstance(future, Future):  # AsyncSaveResponse: staging still running
                     staging, future = future.staging_completion, future.upload_completion
+                future.add_done_callback(functools.partial(self._committed, path))
                 with self._lock:
                     self._inflight = (path, future)
                     self._staging = (path, staging) if staging is not None else None
@@ -340,52 +340,6 @@ class Checkpointer:
         self._after_save(path)
         self.last_blocked_s = time.perf_counter() - t0
         return path
-
-    def _fenced_writer(self, writer: StorageWriter, path: str) -> StorageWriter:
-        """Check the fence marks again just before `.metadata` is committed (rank 0 commits it): a gang
-        fenced while it wrote its shards then leaves an incomplete directory, never a checkpoint."""
-        if self.attempt is None:
-            return writer
-        finish = writer.finish
-        hold = os.environ.get(TEST_HOLD_METADATA_ENV)  # read at save(), not in the upload thread (a race)
-
-        def fenced_finish(*args: Any, **kwargs: Any) -> Any:
-            while hold and not os.path.exists(hold):  # test-only: a rank 0 stalled right here (a partition)
-                time.sleep(0.1)
-            if (newer := self.newer_attempt()) is not None:
-                raise self._refuse(path, newer)
-            return finish(*args, **kwargs)
-
-        writer.finish = fenced_finish  # type: ignore[method-assign]
-        return writer
-
-    def _guarded_writer(self, writer: StorageWriter, path: str) -> StorageWriter:
-        """No save without its process group: when W > 1 and torch.distributed is gone (destroyed under an
-        async save), DCP would run as one process per rank, all writing the same file names into `path`."""
-        world = self.ctx.world_size
-        setup, finish = writer.set_up_storage_writer, writer.finish
-
-        def require_group() -> None:
-            if world > 1 and not (dist.is_available() and dist.is_initialized()):
-                raise CheckpointError(
-                    f"refusing to write {path}: the process group of this {world}-rank run is gone (shut down "
-                    "while the save was in flight?); finish saves first: ckpt.close() (rdist.shutdown() does "
-                    "it) before dist.destroy_process_group()")
-
-        def guarded_setup(*args: Any, **kwargs: Any) -> Any:
-            require_group()
-            return setup(*args, **kwargs)
-
-        def guarded_finish(metadata: Any, results: list[Any]) -> Any:
-            require_group()
-            if len(results) != world:  # rank 0 commits only what all W ranks wrote
-                raise CheckpointError(f"refusing to commit {path}: write results from {len(results)} of {world} "
-                                      "ranks")
-            return finish(metadata, results)
-
-        writer.set_up_storage_writer = guarded_setup  # type: ignore[method-assign]
-        writer.finish = guarded_finish  # type: ignore[method-assign]
-        return writer
 
     def pending(self) -> bool:
         """Whether a save is still in flight (not yet waited for)."""
@@ -420,7 +374,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as exc:
             self._raise_fenced(path, exc)
             raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
-        self._after_save(path, background=True)
+        self.last_saved = path  # retention started when it was committed (_committed)
         return path
 
     def _raise_fenced(self, path: str, exc: BaseException) -> None:
@@ -428,19 +382,24 @@ class Checkpointer:
         if self.attempt is not None and (newer := self.newer_attempt()) is not None:
             raise FencedError(path, self.attempt, newer) from exc
 
+    def _committed(self, path: str, upload: Future) -> None:
+        """In the upload thread, right after `.metadata` was committed: start retention (rank 0)."""
+        if upload.cancelled() or upload.exception() is not None:
+            return
+        self._after_save(path, background=True)
+
     def _after_save(self, path: str, background: bool = False) -> None:
         self.last_saved = path
-        if self.ctx.rank != 0:
+        if self._retention is None:
             return
         protect = (storage.split(self.resumed_from)[1],) if self.resumed_from else ()
-        self.join_retention()  # one pass at a time
         job = self.job if self.attempt else None
         if not background:  # a blocking save: the loop waits anyway
+            self.join_retention()
             self._apply_retention(protect, job)
             return
-        self._retention = threading.Thread(target=self._apply_retention, args=(protect, job),
-                                           name="rtj-retention", daemon=True)
-        self._retention.start()
+        with contextlib.suppress(RuntimeError):  # closed: the run is ending, the next run's pass will do it
+            self._retention.submit(self._apply_retention, protect, job)
 
     def _apply_retention(self, protect: tuple[str, ...], job: str | None) -> None:
         """Off the training thread: it lists and checks every step directory, and deletes whole checkpoints.
@@ -453,16 +412,18 @@ class Checkpointer:
             log.warning("retention failed: %s", exc)
 
     def join_retention(self) -> None:
-        """Wait for the background retention pass (if any)."""
-        thread, self._retention = self._retention, None
-        if thread is not None:
-            thread.join()
+        """Wait for the background retention passes submitted so far (if any)."""
+        if self._retention is not None:
+            with contextlib.suppress(RuntimeError):  # already shut down: nothing left to wait for
+                self._retention.submit(lambda: None).result()
 
     def close(self) -> None:
         try:
             self.wait()
             self.join_retention()
         finally:
+            if self._retention is not None:
+                self._retention.shutdown(wait=True)
             self._hook.remove()
             if self._reduction_guard is not None:
                 self._reduction_guard.remove()
