@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 GROUP = "training.resilient.dev"
 VERSION = "v1alpha1"
 KIND = "ResilientTrainingJob"
@@ -21,82 +23,174 @@ ANNOTATION_REPLICAS = f"{GROUP}/replicas"
 ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
 ANNOTATION_RESUME_STEP = f"{GROUP}/resume-step"
 
+
 # Phases (status.phase); the CRD's enum lists the same values.
-PENDING = "Pending"
-STARTING = "Starting"
-RUNNING = "Running"
-RESTARTING = "Restarting"
-WAITING_FOR_CAPACITY = "WaitingForCapacity"
-BACKING_OFF = "BackingOff"
-SUSPENDED = "Suspended"
-QUEUED = "Queued"  # Kueue-managed: waiting for (re-)admission of the job's Workload
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
+class Phase(StrEnum):
+    """status.phase: where the job is in its life (core/reconcile.py draws the machine)."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    BACKING_OFF = "BackingOff"
+    SUSPENDED = "Suspended"
+    QUEUED = "Queued"  # Kueue-managed: waiting for (re-)admission of the job's Workload
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+PENDING = Phase.PENDING
+STARTING = Phase.STARTING
+RUNNING = Phase.RUNNING
+RESTARTING = Phase.RESTARTING
+WAITING_FOR_CAPACITY = Phase.WAITING_FOR_CAPACITY
+BACKING_OFF = Phase.BACKING_OFF
+SUSPENDED = Phase.SUSPENDED
+QUEUED = Phase.QUEUED
+SUCCEEDED = Phase.SUCCEEDED
+FAILED = Phase.FAILED
 TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
 
+
 # Condition types (positive polarity, Kubernetes conventions).
-COND_RUNNING = "Running"
-COND_RECOVERING = "Recovering"
-COND_CAPACITY = "CapacityAvailable"
-COND_STORAGE = "CheckpointStorageReady"
-COND_SUSPENDED = "Suspended"
-COND_SUCCEEDED = "Succeeded"
-COND_FAILED = "Failed"
-COND_NODES_REPORTING = "NodesReporting"
-COND_SPEC_VALID = "SpecValid"
-COND_QUEUED = "Queued"  # True while a Kueue-managed job waits for its Workload to be admitted
+class ConditionType(StrEnum):
+    """status.conditions[].type."""
+
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    CAPACITY = "CapacityAvailable"
+    STORAGE = "CheckpointStorageReady"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    NODES_REPORTING = "NodesReporting"
+    SPEC_VALID = "SpecValid"
+    QUEUED = "Queued"  # True while a Kueue-managed job waits for its Workload to be admitted
+
+
+COND_RUNNING = ConditionType.RUNNING
+COND_RECOVERING = ConditionType.RECOVERING
+COND_CAPACITY = ConditionType.CAPACITY
+COND_STORAGE = ConditionType.STORAGE
+COND_SUSPENDED = ConditionType.SUSPENDED
+COND_SUCCEEDED = ConditionType.SUCCEEDED
+COND_FAILED = ConditionType.FAILED
+COND_NODES_REPORTING = ConditionType.NODES_REPORTING
+COND_SPEC_VALID = ConditionType.SPEC_VALID
+COND_QUEUED = ConditionType.QUEUED
+
 
 # Failure kinds and the budgets they spend.
-INFRASTRUCTURE = "Infrastructure"
-APPLICATION = "Application"
-HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
-PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
+class FailureKind(StrEnum):
+    """What broke (or stopped) an attempt: status.lastFailure.kind, the budget it spends, the goodput bucket."""
+
+    INFRASTRUCTURE = "Infrastructure"
+    APPLICATION = "Application"
+    HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
+    PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
+
+
+INFRASTRUCTURE = FailureKind.INFRASTRUCTURE
+APPLICATION = FailureKind.APPLICATION
+HANG = FailureKind.HANG
+PLANNED = FailureKind.PLANNED
+
 
 # Reasons: used in conditions, events, status.lastFailure and history.
-REASON_NODE_LOST = "NodeLost"
-REASON_NODE_NOT_READY = "NodeNotReady"
-REASON_NODE_UNREACHABLE = "NodeUnreachable"
-REASON_NODE_LEASE_STALE = "NodeLeaseStale"
-REASON_NODE_DELETED = "NodeDeleted"
-REASON_POD_DELETED = "PodDeleted"
-REASON_EVICTED = "Evicted"
-REASON_PREEMPTED = "Preempted"
-REASON_DISRUPTED = "DisruptionTarget"
-REASON_APP_FAILED = "ApplicationFailed"
-REASON_IMAGE_CANNOT_START = "ContainerCannotStart"
-REASON_GROW_BACK = "GrowBack"
-REASON_SUSPENDED = "Suspended"
-REASON_RESUMED = "Resumed"
-REASON_STARTED = "AttemptStarted"
-REASON_ALL_RUNNING = "AllWorkersRunning"
-REASON_COMPLETED = "Completed"
-REASON_INFRA_BUDGET = "InfrastructureBudgetExhausted"
-REASON_APP_BUDGET = "ApplicationBudgetExhausted"
-REASON_BELOW_MIN = "BelowMinReplicas"
-REASON_ENOUGH = "EnoughCapacity"
-REASON_BACKOFF = "BackingOff"
-REASON_STORAGE_OK = "Readable"
-REASON_STORAGE_UNREADABLE = "StorageUnreadable"
-DISCOVERY_SKIPPED = "DiscoverySkipped"  # Listing.reason: not read this pass, the job could not launch anyway
-REASON_ROOT_IN_USE = "RootInUse"  # another live job already uses the checkpoint root (and not both opted in)
-REASON_CHECKPOINT_SKIPPED = "CheckpointSkipped"
-REASON_DISRUPTION = "ClusterDisruption"
-REASON_HEARTBEATS = "HeartbeatsFlowing"
-REASON_FENCED_WRITER = "FencedGangWriting"  # a fenced attempt's cut-off gang saved a checkpoint
-REASON_INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
-REASON_SPEC_OK = "SpecUsable"
-REASON_HANG = "Hang"  # no training step for spec.progressTimeoutSeconds (the launcher ended the pod)
-REASON_AVOID_NODE = "AvoidingNode"  # a node that broke an attempt is left out of the next ones for a while
-REASON_NODE_TAINTED = "TaintedBadNode"  # (opt-in) a node blamed for repeated failures across jobs was tainted
-REASON_DRAIN = "NodeDraining"  # a node of the attempt is cordoned or has a notice taint: planned restart
-REASON_SETTLING = "WaitingForNodes"  # full capacity is seconds away: the launch waits, bounded
-REASON_WAITING_FOR_ADMISSION = "WaitingForAdmission"
-REASON_ADMITTED = "Admitted"
-REASON_EVICTED_BY_KUEUE = "EvictedByKueue"  # event reason; the condition carries Kueue's own reason
-REASON_REQUEUED_TO_GROW = "RequeuedToGrow"
-REASON_QUOTA_RELEASED = "QuotaReleased"
-REASON_KUEUE_UNAVAILABLE = "KueueUnavailable"  # the integration is on but Kueue's API is not served
-REASON_CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
+class Reason(StrEnum):
+    """Why: conditions[].reason, event reasons, status.lastFailure.reason, history[].endReason."""
+
+    NODE_LOST = "NodeLost"
+    NODE_NOT_READY = "NodeNotReady"
+    NODE_UNREACHABLE = "NodeUnreachable"
+    NODE_LEASE_STALE = "NodeLeaseStale"
+    NODE_DELETED = "NodeDeleted"
+    POD_DELETED = "PodDeleted"
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    DISRUPTED = "DisruptionTarget"
+    APP_FAILED = "ApplicationFailed"
+    IMAGE_CANNOT_START = "ContainerCannotStart"
+    GROW_BACK = "GrowBack"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    STARTED = "AttemptStarted"
+    ALL_RUNNING = "AllWorkersRunning"
+    COMPLETED = "Completed"
+    INFRA_BUDGET = "InfrastructureBudgetExhausted"
+    APP_BUDGET = "ApplicationBudgetExhausted"
+    BELOW_MIN = "BelowMinReplicas"
+    ENOUGH = "EnoughCapacity"
+    BACKOFF = "BackingOff"
+    STORAGE_OK = "Readable"
+    STORAGE_UNREADABLE = "StorageUnreadable"
+    DISCOVERY_SKIPPED = "DiscoverySkipped"  # Listing.reason: not read this pass, the job could not launch anyway
+    ROOT_IN_USE = "RootInUse"  # another live job already uses the checkpoint root (and not both opted in)
+    CHECKPOINT_SKIPPED = "CheckpointSkipped"
+    DISRUPTION = "ClusterDisruption"
+    HEARTBEATS = "HeartbeatsFlowing"
+    FENCED_WRITER = "FencedGangWriting"  # a fenced attempt's cut-off gang saved a checkpoint
+    INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
+    SPEC_OK = "SpecUsable"
+    HANG = "Hang"  # no training step for spec.progressTimeoutSeconds (the launcher ended the pod)
+    AVOID_NODE = "AvoidingNode"  # a node that broke an attempt is left out of the next ones for a while
+    NODE_TAINTED = "TaintedBadNode"  # (opt-in) a node blamed for repeated failures across jobs was tainted
+    DRAIN = "NodeDraining"  # a node of the attempt is cordoned or has a notice taint: planned restart
+    SETTLING = "WaitingForNodes"  # full capacity is seconds away: the launch waits, bounded
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    ADMITTED = "Admitted"
+    EVICTED_BY_KUEUE = "EvictedByKueue"  # event reason; the condition carries Kueue's own reason
+    REQUEUED_TO_GROW = "RequeuedToGrow"
+    QUOTA_RELEASED = "QuotaReleased"
+    KUEUE_UNAVAILABLE = "KueueUnavailable"  # the integration is on but Kueue's API is not served
+    CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
+
+
+REASON_NODE_LOST = Reason.NODE_LOST
+REASON_NODE_NOT_READY = Reason.NODE_NOT_READY
+REASON_NODE_UNREACHABLE = Reason.NODE_UNREACHABLE
+REASON_NODE_LEASE_STALE = Reason.NODE_LEASE_STALE
+REASON_NODE_DELETED = Reason.NODE_DELETED
+REASON_POD_DELETED = Reason.POD_DELETED
+REASON_EVICTED = Reason.EVICTED
+REASON_PREEMPTED = Reason.PREEMPTED
+REASON_DISRUPTED = Reason.DISRUPTED
+REASON_APP_FAILED = Reason.APP_FAILED
+REASON_IMAGE_CANNOT_START = Reason.IMAGE_CANNOT_START
+REASON_GROW_BACK = Reason.GROW_BACK
+REASON_SUSPENDED = Reason.SUSPENDED
+REASON_RESUMED = Reason.RESUMED
+REASON_STARTED = Reason.STARTED
+REASON_ALL_RUNNING = Reason.ALL_RUNNING
+REASON_COMPLETED = Reason.COMPLETED
+REASON_INFRA_BUDGET = Reason.INFRA_BUDGET
+REASON_APP_BUDGET = Reason.APP_BUDGET
+REASON_BELOW_MIN = Reason.BELOW_MIN
+REASON_ENOUGH = Reason.ENOUGH
+REASON_BACKOFF = Reason.BACKOFF
+REASON_STORAGE_OK = Reason.STORAGE_OK
+REASON_STORAGE_UNREADABLE = Reason.STORAGE_UNREADABLE
+DISCOVERY_SKIPPED = Reason.DISCOVERY_SKIPPED
+REASON_ROOT_IN_USE = Reason.ROOT_IN_USE
+REASON_CHECKPOINT_SKIPPED = Reason.CHECKPOINT_SKIPPED
+REASON_DISRUPTION = Reason.DISRUPTION
+REASON_HEARTBEATS = Reason.HEARTBEATS
+REASON_FENCED_WRITER = Reason.FENCED_WRITER
+REASON_INVALID_SPEC = Reason.INVALID_SPEC
+REASON_SPEC_OK = Reason.SPEC_OK
+REASON_HANG = Reason.HANG
+REASON_AVOID_NODE = Reason.AVOID_NODE
+REASON_NODE_TAINTED = Reason.NODE_TAINTED
+REASON_DRAIN = Reason.DRAIN
+REASON_SETTLING = Reason.SETTLING
+REASON_WAITING_FOR_ADMISSION = Reason.WAITING_FOR_ADMISSION
+REASON_ADMITTED = Reason.ADMITTED
+REASON_EVICTED_BY_KUEUE = Reason.EVICTED_BY_KUEUE
+REASON_REQUEUED_TO_GROW = Reason.REQUEUED_TO_GROW
+REASON_QUOTA_RELEASED = Reason.QUOTA_RELEASED
+REASON_KUEUE_UNAVAILABLE = Reason.KUEUE_UNAVAILABLE
+REASON_CREATE_REJECTED = Reason.CREATE_REJECTED
 
 # Notice taints of well-known termination handlers, checked against their sources:
 # - Kubernetes: `node.kubernetes.io/unschedulable` (node-lifecycle controller, on a cordoned node).

@@ -35,6 +35,15 @@ class Spend:
     def budget_reason(self) -> str:
         return c.REASON_INFRA_BUDGET if self.key == "infrastructure" else c.REASON_APP_BUDGET
 
+    def exhausted_message(self, last_failure: str) -> str:
+        """Why the job failed instead of restarting, and what the user can do."""
+        return (f"{self.key} restart budget ({self.limit}) is spent; last failure: {last_failure}. Raise "
+                "spec.failurePolicy or fix the cause, then recreate the job; checkpoints are kept")
+
+    @property
+    def backoff_message(self) -> str:
+        return f"application restart {self.count}/{self.limit} in {self.backoff_seconds:g}s"
+
 
 def spend(kind: str, restarts: Mapping[str, int], policy: FailurePolicy) -> Spend:
     """The budget decision for one failure of `kind` (constants.INFRASTRUCTURE or APPLICATION)."""

@@ -81,3 +81,9 @@ def choose_replicas(desired: int, policy: ElasticPolicy, capacity: int) -> int |
     if rounded < policy.min_replicas or rounded <= 0:
         return None
     return rounded
+
+
+def below_minimum(policy: ElasticPolicy, capacity: int) -> str:
+    """Why a job cannot launch: the healthy nodes hold fewer workers than its minimum."""
+    return (f"need at least {policy.min_replicas} workers (a multiple of {policy.multiple_of}) but the healthy "
+            f"schedulable nodes hold {capacity}; waiting for nodes to join or recover")

@@ -17,6 +17,12 @@ class Grow:
     action: str  # "none" (no target: clear any pending), "notice" (record the target), "wait", "restart"
     target: int | None = None
 
+    def message(self, running: int, from_step: str) -> str:
+        """What the user is told: capacity noticed (NOTICE), or growing now (RESTART)."""
+        if self.action == NOTICE:
+            return f"capacity for {self.target} workers is back; growing from {running} at the next complete checkpoint"
+        return f"growing {running} -> {self.target} workers from {from_step}"
+
 
 NONE, NOTICE, WAIT, RESTART = "none", "notice", "wait", "restart"
 

@@ -79,6 +79,11 @@ class Health:
         """Most nodes look lost at once: an outage of the control plane or the network, not of machines."""
         return bool(self.nodes) and len(self.lost) / len(self.nodes) > DISRUPTION_FRACTION
 
+    @property
+    def disruption_message(self) -> str:
+        return (f"{len(self.lost)} of {len(self.nodes)} nodes look lost at once, as after a control-plane or "
+                "network outage; not restarting until node heartbeats resume")
+
     def healthy(self, name: str) -> bool:
         node = self.nodes.get(name)
         return node is not None and not node.unschedulable and node.ready == "True" and name not in self.lost

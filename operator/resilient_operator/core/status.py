@@ -1,0 +1,186 @@
+"""The job's status as the core writes it: every key typed, so mypy sees a misspelt field.
+
+A persisted dict, typed the way kopf types its `ProgressRecord`: `TypedDict(total=False)`, since an old
+status (or one a user edited) may lack any key. The CRD's status schema declares the same fields
+(tests/contracts checks that every field written here is declared there). Patches stay plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class Restarts(TypedDict, total=False):
+    """Restarts spent per budget (core/budgets.py): infrastructure (hangs too), application, planned."""
+
+    infrastructure: int
+    application: int
+    planned: int
+
+
+class CheckpointRef(TypedDict, total=False):
+    """A complete checkpoint: status.latestCheckpoint, status.resumedFrom."""
+
+    path: str
+    step: int
+
+
+class LastFailure(TypedDict, total=False):
+    """What broke the last attempt (core/failures.py), as the user reads it."""
+
+    kind: str
+    reason: str
+    message: str
+    node: str
+    pod: str
+    exitCode: int
+    attempt: int
+    time: str
+
+
+class LastDrain(TypedDict, total=False):
+    """The last planned restart for draining nodes (core/drain.py)."""
+
+    nodes: list[str]
+    reason: str
+    attempt: int
+    time: str
+
+
+class BadNode(TypedDict, total=False):
+    """A node this job avoids for a while after it broke an attempt (core/badnodes.py)."""
+
+    node: str
+    reason: str
+    avoided: bool
+    expires: str
+    failureTimes: list[str]
+    attestedTimes: list[str]
+
+
+class StepProgress(TypedDict, total=False):
+    """The running attempt's step and its slowest rank (core/stragglers.py)."""
+
+    attempt: int
+    step: int
+    slowestPod: str
+    slowestNode: str
+    slowestRank: int
+    stepSeconds: float
+    updatedAt: str
+
+
+class LostSeconds(TypedDict, total=False):
+    """Time lost to interruptions, by recovery stage (core/goodput.py STAGES)."""
+
+    detection: float
+    fencing: float
+    relaunch: float
+    load: float
+    recompute: float
+
+
+class OpenRecovery(TypedDict, total=False):
+    """The interruption being recovered from: the stamps of its stages."""
+
+    kind: str
+    occurredAt: str
+    detectedAt: str
+    launchedAt: str
+    runningAt: str
+    reachedStep: int
+    resumedStep: int
+
+
+class Goodput(TypedDict, total=False):
+    """Productive against lost time (core/goodput.py)."""
+
+    productiveSeconds: float
+    lostSeconds: float
+    ratio: float
+    stepsRecomputed: int
+    recoveries: int
+    stepSeconds: float
+    asOf: str
+    lost: LostSeconds
+    open: OpenRecovery
+
+
+class GrowBack(TypedDict, total=False):
+    """Capacity is back: grow to `replicas` at the first checkpoint after `sinceStep` (core/growback.py)."""
+
+    replicas: int
+    sinceStep: int
+
+
+class KueueStatus(TypedDict, total=False):
+    """A Kueue-managed job's Workload and admission (core/queueing.py)."""
+
+    queueName: str
+    workload: str
+    generation: int
+    replace: bool
+    admittedReplicas: int
+    clusterQueue: str
+    flavors: dict[str, str]
+
+
+class LateWrite(TypedDict, total=False):
+    """A checkpoint a fenced attempt's gang saved after it was fenced."""
+
+    step: int
+    path: str
+    time: str
+
+
+class HistoryEntry(TypedDict, total=False):
+    """One attempt in status.history (core/history.py): the lineage record fencing tokens are checked by."""
+
+    attempt: int
+    replicas: int
+    resumedFromStep: int
+    startTime: str
+    endTime: str
+    endReason: str
+    nodes: list[str]
+    lateWrite: LateWrite
+
+
+class Condition(TypedDict, total=False):
+    """A Kubernetes condition (core/conditions.py)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+class JobStatus(TypedDict, total=False):
+    """status of a ResilientTrainingJob (crds/resilienttrainingjobs.yaml)."""
+
+    phase: str  # constants.Phase
+    observedGeneration: int
+    attempt: int
+    replicas: int
+    desiredReplicas: int
+    workers: str
+    worldSize: int
+    restartCount: int
+    restarts: Restarts
+    startTime: str
+    completionTime: str
+    nextRetryTime: str
+    lastFailure: LastFailure
+    badNodes: list[BadNode]
+    progress: StepProgress
+    lastDrain: LastDrain
+    latestCheckpoint: CheckpointRef
+    resumedFrom: CheckpointRef
+    settlingSince: str
+    goodput: Goodput
+    growBack: GrowBack
+    kueue: KueueStatus
+    history: list[HistoryEntry]
+    conditions: list[Condition]

@@ -1,0 +1,115 @@
+"""Step 4, watch (a Starting or Running attempt): success, a cluster-wide outage, and what should stop it.
+
+It finishes what it can decide alone (success, all workers up, a pod missing after a crash, the slowest
+rank, capacity noticed for growing back) and returns what should stop the attempt (a failure, draining
+nodes, a grow-back restart) for the stop step to carry out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from resilient_contract.layout import Verdict
+from resilient_operator import constants as c
+from resilient_operator.core import drain, failures, goodput, growback, history, render, stragglers
+from resilient_operator.core.conditions import get_condition
+from resilient_operator.core.model import PodView
+from resilient_operator.core.steps.draft import Draft, Inputs, Interruption
+
+# Storage has no watch: a running job re-reads its checkpoint root this often (for status and grow-back).
+CHECKPOINT_POLL_SECONDS = 10.0
+# A pod failed while a node may be dying: recheck this often until the nodes prove alive or are lost.
+UNSETTLED_RECHECK_SECONDS = 1.0
+
+
+def attempt(inp: Inputs, d: Draft) -> Interruption | None:
+    """Detect success, failure, draining nodes and grow-back; keep the pods of a starting attempt complete."""
+    replicas = int(d.status.get("replicas") or 0)
+    current = d.current(inp)
+    if failures.all_succeeded(current, replicas):
+        _succeed(inp, d)
+        return None
+    if _cluster_disrupted(inp, d):
+        return None
+    if notices := drain.affected(current, inp.draining, inp.health.lost):
+        return notices
+    if failure := failures.detect(current, replicas, d.phase == c.RUNNING, inp.health):
+        return failure
+    if failures.unsettled(current, inp.health):
+        d.plan.look_again(UNSETTLED_RECHECK_SECONDS)
+    if d.phase == c.STARTING:
+        _finish_starting(inp, d, current, replicas)
+    grow = None
+    if d.phase == c.RUNNING:
+        stragglers.summarise(d.raw, d.attempt, inp.progress, current, inp.now)
+        if inp.job.spec.elastic.grow_back:
+            grow = _grow_back(inp, d, replicas)
+    for name in {p.node_name for p in current if p.node_name}:
+        d.plan.look_again(inp.health.next_loss_check(name))
+    d.plan.look_again(CHECKPOINT_POLL_SECONDS)
+    return grow
+
+
+def _cluster_disrupted(inp: Inputs, d: Draft) -> bool:
+    """Most nodes look lost at once: hold still (no fencing, no restart) until heartbeats resume."""
+    if inp.health.disrupted:
+        message = inp.health.disruption_message
+        if d.condition(c.COND_NODES_REPORTING, False, c.REASON_DISRUPTION, message):
+            d.event("Warning", c.REASON_DISRUPTION, message)
+        d.plan.look_again(UNSETTLED_RECHECK_SECONDS)
+        return True
+    if (cond := get_condition(d.raw, c.COND_NODES_REPORTING)) and cond["status"] == "False":
+        d.condition(c.COND_NODES_REPORTING, True, c.REASON_HEARTBEATS, "node heartbeats are flowing again")
+    return False
+
+
+def _succeed(inp: Inputs, d: Draft) -> None:
+    d.set_phase(c.SUCCEEDED)
+    d.status["completionTime"] = inp.ts
+    d.plan.release.append(drain.pdb_name(inp.job.name, d.attempt))
+    d.close_history(c.REASON_COMPLETED)
+    d.condition(c.COND_SUCCEEDED, True, c.REASON_COMPLETED, "all workers finished")
+    d.condition(c.COND_RUNNING, False, c.REASON_COMPLETED, "the job finished")
+    d.condition(c.COND_RECOVERING, False, c.REASON_COMPLETED, "the job finished")
+    d.event("Normal", c.REASON_COMPLETED, f"all {d.status.get('replicas')} workers of attempt {d.attempt} finished")
+
+
+def _finish_starting(inp: Inputs, d: Draft, current: Sequence[PodView], replicas: int) -> None:
+    present = {p.rank for p in current}
+    missing = [r for r in range(replicas) if r not in present]
+    if missing:  # a crash (or a refused create) between the status write and the creates
+        d.plan.create.append(partial(render.service_manifest, inp.job))
+        d.plan.create.append(partial(render.pdb_manifest, inp.job, d.attempt, replicas))
+    resumed = d.status.get("resumedFrom")
+    resume = Verdict(resumed["step"], resumed["path"], True) if resumed else None
+    for rank in missing:
+        d.plan.create.append(inp.placed(partial(render.pod_manifest, inp.job, d.attempt, rank, replicas, resume,
+                                                 d.avoid(inp))))
+    if not missing and all(p.phase == "Running" for p in current):
+        d.set_phase(c.RUNNING)
+        goodput.running(d.raw, inp.now)
+        history.record_nodes(d.raw, d.attempt, current)
+        d.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
+        d.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {d.attempt} is running")
+        d.event("Normal", c.REASON_ALL_RUNNING, f"attempt {d.attempt}: all {replicas} workers running")
+
+
+def _grow_back(inp: Inputs, d: Draft, replicas: int) -> growback.Grow | None:
+    """Note capacity coming back (status.growBack); the decision to restart larger, once it is time."""
+    st = d.status
+    latest = (st.get("latestCheckpoint") or {}).get("step", -1)
+    decision = growback.decide(replicas, d.target_replicas(inp, within_admission=False)[0], latest,
+                               st.get("growBack"))
+    if decision.action == growback.NONE:
+        st.pop("growBack", None)
+    elif decision.action == growback.NOTICE:
+        assert decision.target is not None
+        st["growBack"] = {"replicas": decision.target, "sinceStep": latest}
+        d.event("Normal", c.REASON_GROW_BACK, decision.message(replicas, ""))
+    elif decision.action == growback.WAIT:
+        assert decision.target is not None
+        st["growBack"]["replicas"] = decision.target
+    else:
+        return decision
+    return None
