@@ -13,6 +13,9 @@ from resilient_contract.layout import Listing, Verdict
 from resilient_operator import constants as c
 from resilient_operator import views
 from resilient_operator.core import Job, NodeView, PodView
+from resilient_operator.core.health import Health
+from resilient_operator.core.health import assess as assess_health
+from resilient_operator.core.model import Placement
 from resilient_operator.core.timeutil import fmt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,3 +173,19 @@ def running_status(attempt: int = 1, replicas: int = 4, **extra: Any) -> dict[st
     }
     status.update(extra)
     return status
+
+
+TIMEOUT = 20.0  # spec.nodeLossTimeoutSeconds for the policy tables
+
+
+def assess(*views_: NodeView) -> Health:
+    """The nodes as one reconcile judges them, at NOW."""
+    return assess_health(nodes(*views_), NOW, TIMEOUT)
+
+
+def placement(requests: dict[str, Any] | None = None, **spec: Any) -> Placement:
+    """A template's placement, parsed the way the shell parses it."""
+    container: dict[str, Any] = {"name": "t"}
+    if requests is not None:
+        container["resources"] = {"requests": requests}
+    return views.placement({"spec": {"containers": [container], **spec}})
