@@ -21,64 +21,22 @@ ETCD_VERSION="${RTJ_ETCD_VERSION:-v3.6.4}"
 HELM_VERSION="${RTJ_HELM_VERSION:-v3.19.5}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
-KEY="k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
-BIN="${CACHE}/bin/${KEY}"
-WORK="${CACHE}/build/${KEY}"
-
-mode="${1:-build}"
-if [[ "$mode" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
-
-# The stamp covers everything that changes the output.
-stamp_input() {
-  go env GOVERSION
-  echo "$KEY"
-  cat "$HERE/build.sh" "$HERE/gen_gomod.py" "$HERE/kube/main.go"
-}
-STAMP="$(stamp_input | sha256sum | cut -d' ' -f1)"
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "cached: $BIN" >&2
-  echo "$BIN"
-  exit 0
-fi
-
-# One builder at a time (two test lanes or worktrees may ask at once); the loser reuses the winner's build.
-mkdir -p "${CACHE}/bin"
-exec 9>"${CACHE}/bin/.${KEY}.lock"
-flock 9
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "$BIN"; exit 0
-fi
-
-export GOFLAGS="${GOFLAGS:--trimpath}"
-export CGO_ENABLED=0
-export GOGC="${GOGC:-200}"       # fewer compiler GCs; memory is plentiful, CPU is not
-export GOTOOLCHAIN=local
+source "$HERE/../lib.sh"
+rtj_begin "k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}" "" --print-dir "${1:-build}" \
+  "$HERE/build.sh" "$HERE/gen_gomod.py" "$HERE/kube/main.go"
 
 rm -rf "$WORK"; mkdir -p "$WORK"
 cp "$HERE/kube/main.go" "$HERE/kube/tools.go" "$WORK/"
 cd "$WORK"
-
 echo ">> resolving k8s.io/kubernetes@${K8S_VERSION}" >&2
-KMOD="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')"
-
-go mod init rtj.local/kube >/dev/null 2>&1
-# Replace lines generated from kubernetes' own go.mod (see gen_gomod.py).
-go mod edit -json "$KMOD" | python3 "$HERE/gen_gomod.py" "$K8S_VERSION" "$ETCD_VERSION" "$HELM_VERSION" > edits.txt
-xargs go mod edit < edits.txt
-# A committed go.sum pins every module hash (checked again against sum.golang.org
-# on first download); it is refreshed when missing.
-if [[ -f "$HERE/go.sum.lock" ]]; then cp "$HERE/go.sum.lock" go.sum; fi
-echo ">> go mod tidy" >&2
-go mod tidy
+# go.sum.lock is refreshed when missing (see the note at the end)
+rtj_k8s_wrapper_module kube "$K8S_VERSION" "$ETCD_VERSION" "$HELM_VERSION" "$HERE/go.sum.lock"
 # Kubernetes' own pins must win: fail loudly if MVS (helm, etcd) raised a k8s.io
 # staging module or etcd away from what kubernetes declares.
 go list -m k8s.io/api k8s.io/client-go go.etcd.io/etcd/server/v3 go.etcd.io/etcd/client/v3 >&2
 
-maj="${K8S_VERSION#v}"; maj="${maj%%.*}"; min="${K8S_VERSION#v*.}"; min="${min%%.*}"
-kv() { for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-         printf -- "-X %s.%s=%s " "$p" "$1" "$2"; done; }
-KLD="-s -w $(kv gitVersion "$K8S_VERSION") $(kv gitMajor "$maj") $(kv gitMinor "$min") $(kv gitTreeState clean) $(kv buildDate 1970-01-01T00:00:00Z)"
+rtj_k8s_ldflags "$K8S_VERSION"
+maj="$K8S_MAJOR"; min="$K8S_MINOR"
 HLD="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   HLD+=" -X $p.k8sVersionMajor=$maj -X $p.k8sVersionMinor=$min"
@@ -92,7 +50,5 @@ go build -ldflags "$HLD" -o "$BIN.tmp/helm" helm.sh/helm/v3/cmd/helm
 for n in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sf kube "$BIN.tmp/$n"; done
 cp go.mod go.sum "$BIN.tmp/"
 "$BIN.tmp/kubectl" version --client >&2
-echo "$STAMP" > "$BIN.tmp/.stamp"
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
 [[ -f "$HERE/go.sum.lock" ]] || echo "note: copy $BIN/go.sum to $HERE/go.sum.lock to pin hashes" >&2
-echo "$BIN"
+rtj_publish

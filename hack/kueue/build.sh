@@ -14,40 +14,12 @@ set -euo pipefail
 
 KUEUE_VERSION="${RTJ_KUEUE_VERSION:-v0.17.0}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
-KEY="kueue-${KUEUE_VERSION}"
-BIN="${CACHE}/bin/${KEY}"
-
-mode="${1:-build}"
-if [[ "$mode" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
-
-stamp_input() {
-  go env GOVERSION
-  echo "$KEY"
-  cat "$HERE/build.sh"
-}
-STAMP="$(stamp_input | sha256sum | cut -d' ' -f1)"
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "cached: $BIN" >&2
-  echo "$BIN"
-  exit 0
-fi
-
-# One builder at a time: a second caller waits for the first and reuses its output.
-mkdir -p "${CACHE}/bin"
-exec 9>"${CACHE}/bin/.${KEY}.lock"
-flock 9
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "cached: $BIN" >&2; echo "$BIN"; exit 0
-fi
-
-export GOFLAGS="${GOFLAGS:--trimpath}"  # -mod=readonly: the module's own go.mod/go.sum, unchanged
-export CGO_ENABLED=0
-export GOGC="${GOGC:-200}"
-export GOTOOLCHAIN=local
+source "$HERE/../lib.sh"
+# (GOFLAGS -trimpath, so -mod=readonly: the module's own go.mod/go.sum, unchanged)
+rtj_begin "kueue-${KUEUE_VERSION}" "" --print-dir "${1:-build}" "$HERE/build.sh"
 
 echo ">> downloading sigs.k8s.io/kueue@${KUEUE_VERSION}" >&2
-SRC="$(go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')"
+SRC="$(rtj_module_field "sigs.k8s.io/kueue@${KUEUE_VERSION}" Dir)"
 
 rm -rf "$BIN.tmp"; mkdir -p "$BIN.tmp/config"
 V=sigs.k8s.io/kueue/pkg/version
@@ -62,6 +34,4 @@ cp -r "$SRC/config/components/crd/bases" "$BIN.tmp/config/crd"
 cp "$SRC/config/components/webhook/manifests.yaml" "$BIN.tmp/config/webhooks.yaml"
 chmod -R u+w "$BIN.tmp"
 "$BIN.tmp/kueue" --help >/dev/null 2>&1 || true
-echo "$STAMP" > "$BIN.tmp/.stamp"
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
-echo "$BIN"
+rtj_publish

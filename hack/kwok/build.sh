@@ -13,32 +13,8 @@ set -euo pipefail
 
 KWOK_VERSION="${RTJ_KWOK_VERSION:-v0.8.0}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
-KEY="kwok-${KWOK_VERSION}"
-BIN="${CACHE}/bin/${KEY}"
-
-mode="${1:-build}"
-if [[ "$mode" == "--print" ]]; then echo "$BIN/kwok"; exit 0; fi
-
-STAMP="$( (go env GOVERSION; echo "$KEY"; cat "$HERE/build.sh") | sha256sum | cut -d' ' -f1)"
-if [[ "$mode" != "--force" && -x "$BIN/kwok" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "cached: $BIN/kwok" >&2
-  echo "$BIN/kwok"
-  exit 0
-fi
-
-export GOFLAGS="${GOFLAGS:--trimpath}"
-export CGO_ENABLED=0
-export GOGC="${GOGC:-200}"
-export GOTOOLCHAIN=local
-
-# One builder at a time (several worktrees may ask at once); the loser reuses the winner's build.
-mkdir -p "${CACHE}/bin"
-exec 9>"${CACHE}/bin/.${KEY}.lock"
-flock 9
-if [[ "$mode" != "--force" && -x "$BIN/kwok" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "$BIN/kwok"; exit 0
-fi
+source "$HERE/../lib.sh"
+rtj_begin "kwok-${KWOK_VERSION}" /kwok --print "${1:-build}" "$HERE/build.sh"
 
 rm -rf "$BIN.tmp"; mkdir -p "$BIN.tmp"
 echo ">> go install sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" >&2
@@ -47,11 +23,9 @@ GOBIN="$BIN.tmp" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Versi
 "$BIN.tmp/kwok" --version >&2 || true
 # KWOK's own stages from the same pinned module: nodes become Ready and keep their Lease renewed
 # (the heartbeat comes from --node-lease-duration-seconds), pods become Ready, deleted pods go away.
-DIR="$(go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')"
+DIR="$(rtj_module_field "sigs.k8s.io/kwok@${KWOK_VERSION}" Dir)"
 for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
          pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
   echo "---"; cat "$DIR/kustomize/stage/$f"
 done > "$BIN.tmp/stages.yaml"
-echo "$STAMP" > "$BIN.tmp/.stamp"
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
-echo "$BIN/kwok"
+rtj_publish

@@ -19,39 +19,10 @@ COREDNS_VERSION="${RTJ_COREDNS_VERSION:-v1.14.7}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_HACK="$HERE/../k8s"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
-KEY="realnodes-k8s-${K8S_VERSION}-coredns-${COREDNS_VERSION}"
-BIN="${CACHE}/bin/${KEY}"
-WORK="${CACHE}/build/${KEY}"
-
-mode="${1:-build}"
-if [[ "$mode" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
-
-stamp_input() {
-  go env GOVERSION
-  gcc --version | head -1
-  echo "$KEY"
-  cat "$HERE/build.sh" "$K8S_HACK/gen_gomod.py" "$HERE/knode/main.go" "$HERE/coredns/main.go" "$HERE/pause.c"
-}
-STAMP="$(stamp_input | sha256sum | cut -d' ' -f1)"
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "cached: $BIN" >&2
-  echo "$BIN"
-  exit 0
-fi
-
-# One builder at a time (two test lanes or worktrees may ask at once); the loser reuses the winner's build.
-mkdir -p "${CACHE}/bin"
-exec 9>"${CACHE}/bin/.${KEY}.lock"
-flock 9
-if [[ "$mode" != "--force" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; then
-  echo "$BIN"; exit 0
-fi
-
-export GOFLAGS="${GOFLAGS:--trimpath}"
-export CGO_ENABLED=0
-export GOGC="${GOGC:-200}"
-export GOTOOLCHAIN=local
+source "$HERE/../lib.sh"
+STAMP_EXTRA="$(gcc --version | head -1)"
+rtj_begin "realnodes-k8s-${K8S_VERSION}-coredns-${COREDNS_VERSION}" "" --print-dir "${1:-build}" \
+  "$HERE/build.sh" "$K8S_HACK/gen_gomod.py" "$HERE/knode/main.go" "$HERE/coredns/main.go" "$HERE/pause.c"
 
 rm -rf "$WORK" "$BIN.tmp"; mkdir -p "$WORK/knode" "$WORK/coredns" "$BIN.tmp"
 t0=$SECONDS
@@ -59,19 +30,10 @@ t0=$SECONDS
 # --- knode: kubelet + kube-proxy -------------------------------------------------
 cp "$HERE/knode/main.go" "$WORK/knode/"
 cd "$WORK/knode"
-KMOD="$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')"
-go mod init rtj.local/knode >/dev/null 2>&1
 # gen_gomod.py also requires etcd and helm (the control plane's extras); tidy drops them.
-go mod edit -json "$KMOD" | python3 "$K8S_HACK/gen_gomod.py" "$K8S_VERSION" v3.6.4 v3.19.5 > edits.txt
-xargs go mod edit < edits.txt
-if [[ -f "$HERE/knode.go.sum.lock" ]]; then cp "$HERE/knode.go.sum.lock" go.sum; fi
-echo ">> knode: go mod tidy" >&2
-go mod tidy
+rtj_k8s_wrapper_module knode "$K8S_VERSION" v3.6.4 v3.19.5 "$HERE/knode.go.sum.lock"
 go list -m k8s.io/api k8s.io/client-go >&2
-maj="${K8S_VERSION#v}"; maj="${maj%%.*}"; min="${K8S_VERSION#v*.}"; min="${min%%.*}"
-kv() { for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-         printf -- "-X %s.%s=%s " "$p" "$1" "$2"; done; }
-KLD="-s -w $(kv gitVersion "$K8S_VERSION") $(kv gitMajor "$maj") $(kv gitMinor "$min") $(kv gitTreeState clean) $(kv buildDate 1970-01-01T00:00:00Z)"
+rtj_k8s_ldflags "$K8S_VERSION"
 echo ">> knode: go build (kubelet + kube-proxy)" >&2
 go build -ldflags "$KLD" -o "$BIN.tmp/knode" .
 for n in kubelet kube-proxy; do ln -sf knode "$BIN.tmp/$n"; done
@@ -97,10 +59,8 @@ gcc -static -Os -s -o "$BIN.tmp/pause" "$HERE/pause.c"
 
 "$BIN.tmp/kubelet" --version >&2
 "$BIN.tmp/coredns" -plugins | tr '\n' ' ' >&2; echo >&2
-echo "$STAMP" > "$BIN.tmp/.stamp"
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
 for f in knode coredns; do
   [[ -f "$HERE/$f.go.sum.lock" ]] || echo "note: copy $BIN/$f.go.sum to $HERE/$f.go.sum.lock to pin hashes" >&2
 done
 echo ">> real-node binaries in $((SECONDS - t0)) s: $BIN" >&2
-echo "$BIN"
+rtj_publish

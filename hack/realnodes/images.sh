@@ -10,7 +10,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
+source "$HERE/../lib.sh"
 BIN="$(bash "$HERE/build.sh" --print-dir)"
 BUSYBOX="${RTJ_BUSYBOX:-/bin/busybox}"
 
@@ -26,13 +26,10 @@ fi
 KEY="$(hash_of "$HERE/images.sh" "$BIN/pause" "$BUSYBOX" 2>/dev/null || echo none)"
 OUT="${CACHE}/images/realnodes-${KEY}"
 if [[ "$mode" == "--print-dir" ]]; then echo "$OUT"; exit 0; fi
-if [[ -f "$OUT/.stamp" ]]; then echo "cached: $OUT" >&2; echo "$OUT"; exit 0; fi
-
+if [[ -f "$OUT/.stamp" ]]; then rtj_done; fi
 # One builder at a time (two test lanes may ask at once); the loser reuses the winner's build.
-mkdir -p "${CACHE}/images"
-exec 9>"${CACHE}/images/.realnodes-${KEY}.lock"
-flock 9
-if [[ -f "$OUT/.stamp" ]]; then echo "$OUT"; exit 0; fi
+rtj_lock "${CACHE}/images/.realnodes-${KEY}.lock"
+if [[ -f "$OUT/.stamp" ]]; then rtj_done; fi
 
 # A storage of our own (vfs: no overlay mounts left on the host), never the machine's shared one.
 STORE="${CACHE}/build/realnodes-images"

@@ -15,37 +15,13 @@ set -euo pipefail
 # SeaweedFS publishes no module tags the proxy lists; this pseudo-version is its master of 2026-11-09.
 SEAWEED_VERSION="${RTJ_SEAWEED_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
-KEY="seaweedfs-${SEAWEED_VERSION}"
-BIN="${CACHE}/bin/${KEY}"
-WORK="${CACHE}/build/${KEY}"
-
-mode="${1:-build}"
-if [[ "$mode" == "--print" ]]; then echo "$BIN/weed"; exit 0; fi
-
-STAMP="$( (go env GOVERSION; echo "$KEY"; cat "$HERE/build.sh") | sha256sum | cut -d' ' -f1)"
-fresh() { [[ -x "$BIN/weed" && -f "$BIN/.stamp" && "$(cat "$BIN/.stamp")" == "$STAMP" ]]; }
-if [[ "$mode" != "--force" ]] && fresh; then
-  echo "cached: $BIN/weed" >&2
-  echo "$BIN/weed"
-  exit 0
-fi
-
-export GOFLAGS="${GOFLAGS:--trimpath}"
-export CGO_ENABLED=0
-export GOGC="${GOGC:-200}"
-export GOTOOLCHAIN=local
-
-# One builder at a time (several worktrees may ask at once); the loser reuses the winner's build.
-mkdir -p "${CACHE}/bin"
-exec 9>"${CACHE}/bin/.${KEY}.lock"
-flock 9
-if [[ "$mode" != "--force" ]] && fresh; then echo "$BIN/weed"; exit 0; fi
+source "$HERE/../lib.sh"
+rtj_begin "seaweedfs-${SEAWEED_VERSION}" /weed --print "${1:-build}" "$HERE/build.sh"
 
 rm -rf "$WORK"; mkdir -p "$WORK"; cd "$WORK"
 go mod init rtj.local/seaweedfs >/dev/null 2>&1
 # The replace seaweedfs' own go.mod carries (a replace in a dependency is ignored, so repeat it).
-SMOD="$(go mod download -json "github.com/seaweedfs/seaweedfs@${SEAWEED_VERSION}" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')"
+SMOD="$(rtj_module_field "github.com/seaweedfs/seaweedfs@${SEAWEED_VERSION}" GoMod)"
 go mod edit -json "$SMOD" | python3 -c '
 import json, sys
 for r in json.load(sys.stdin).get("Replace") or []:
@@ -60,6 +36,4 @@ echo ">> go build weed (a large binary: several minutes on a cold cache)" >&2
 rm -rf "$BIN.tmp"; mkdir -p "$BIN.tmp"
 go build -ldflags "-s -w" -o "$BIN.tmp/weed" github.com/seaweedfs/seaweedfs/weed
 "$BIN.tmp/weed" version >&2 || true
-echo "$STAMP" > "$BIN.tmp/.stamp"
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
-echo "$BIN/weed"
+rtj_publish
