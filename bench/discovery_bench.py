@@ -3,7 +3,7 @@
 1. Builds one real DCP checkpoint, copies it into N step directories (hard links keep it cheap) under
    `<mount>/bench/job`, and times discovery (median of repeats) in two cases: the newest is complete,
    and the newest K are partial saves that must be skipped first. Each case is timed in-process
-   (`layout.discover`, no sandbox: the old path) and through the operator's `DiscoveryPool` (a worker
+   (`discover`, no sandbox: the old path) and through the operator's `DiscoveryPool` (a worker
    process with its limits), in the same run, from a process that has not imported torch (as the
    operator has not).
 2. `.metadata` read throughput (MB/s) of the reader at a git revision (`--before`, the reader as it
@@ -33,7 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resilient_contract import dcp_metadata, layout
+from resilient_contract import dcp_metadata
+from resilient_contract.storage.listing import Listing
+from resilient_contract.storage.names import METADATA_FILE, step_dir_name
+from resilient_contract.storage.scan import ScanLimits, discover
 from resilient_operator.discovery import DiscoveryPool
 from resilient_operator.settings import DiscoverySettings
 
@@ -49,15 +52,15 @@ def save_template(path: Path) -> None:
 def build(root: Path, template: Path, dirs: int, partial: int) -> None:
     files = sorted(os.listdir(template))
     for step in range(1, dirs + 1):
-        dest = root / layout.step_dir_name(step)
+        dest = root / step_dir_name(step)
         dest.mkdir(parents=True)
         for name in files:
-            if step > dirs - partial and name == layout.METADATA_FILE:
+            if step > dirs - partial and name == METADATA_FILE:
                 continue
             os.link(template / name, dest / name)
 
 
-def median_time(fn, repeats: int) -> tuple[float, layout.Listing]:  # type: ignore[no-untyped-def]
+def median_time(fn, repeats: int) -> tuple[float, Listing]:  # type: ignore[no-untyped-def]
     samples, found = [], None
     for _ in range(repeats):
         start = time.perf_counter()
@@ -76,14 +79,14 @@ def latency(args: argparse.Namespace, base: Path, template: Path) -> None:
         config = DiscoverySettings(checkpoint_mount=str(mount))
         pool = DiscoveryPool(config)
         pool.warm()
-        limits = layout.ScanLimits(max_steps=config.max_steps)
-        inproc, a = median_time(lambda: layout.discover(str(root), str(mount / "bench"), limits), args.repeats)  # noqa: B023
+        limits = ScanLimits(max_steps=config.max_steps)
+        inproc, a = median_time(lambda: discover(str(root), str(mount / "bench"), limits), args.repeats)  # noqa: B023
         sandboxed, b = median_time(lambda: pool.discover(str(root), "bench"), args.repeats)  # noqa: B023
         pool.close()
         expected = args.dirs - partial
         assert a == b and b.latest is not None and b.latest.step == expected, (a, b)
         case = "newest complete" if not partial else f"newest {partial} partial, then complete"
-        print(f"{case:<38} {args.dirs:>6} {inproc:>13.4f} {sandboxed:>10.4f} {layout.step_dir_name(expected):>16}")
+        print(f"{case:<38} {args.dirs:>6} {inproc:>13.4f} {sandboxed:>10.4f} {step_dir_name(expected):>16}")
         shutil.rmtree(mount)
 
 

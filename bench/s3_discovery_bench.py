@@ -4,7 +4,7 @@ Builds one real DCP checkpoint (in a child process: this one never imports torch
 then the same tree twice: as step directories under a local mount and as step prefixes in a bucket. Of
 `--dirs` steps, the newest `--partial` are partial saves (shards, no `.metadata`), the one below them is
 the complete checkpoint discovery must find, and every older step holds one shard (never examined: only the
-newest K are). Each case is timed (median of `--repeats`) in-process (`layout.scan`, counting S3 requests)
+newest K are). Each case is timed (median of `--repeats`) in-process (`scan`, counting S3 requests)
 and through the operator's `DiscoveryPool` (a sandboxed worker; for s3:// the keys come from a mounted
 Secret's files, as in a cluster). In-process runs start cold (no parsed-`.metadata` cache); the pool runs
 as the operator polls (its worker remembers an unchanged `.metadata`, so later polls skip that GET).
@@ -28,8 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e.s3server import Identity, S3Server
-from resilient_contract import layout, s3store
-from resilient_contract.s3store import S3Credentials, S3Store
+from resilient_contract.storage.completeness import _PARSED
+from resilient_contract.storage.listing import Listing
+from resilient_contract.storage.names import METADATA_FILE, step_dir_name
+from resilient_contract.storage.s3 import S3Credentials, S3Store, parse_uri
+from resilient_contract.storage.scan import ScanLimits, discover, scan
 from resilient_operator.discovery import DiscoveryPool
 from resilient_operator.settings import DiscoverySettings, ObjectStoreArea
 
@@ -50,12 +53,12 @@ def tree(template: dict[str, bytes], dirs: int, partial: int) -> dict[str, bytes
     complete = dirs - partial
     out: dict[str, bytes] = {}
     for step in range(1, dirs + 1):
-        name = layout.step_dir_name(step)
+        name = step_dir_name(step)
         if step < complete:
             out[f"{name}/{shard}"] = template[shard]
         else:
             out.update({f"{name}/{f}": data for f, data in template.items()
-                        if step == complete or f != layout.METADATA_FILE})  # fmt: skip
+                        if step == complete or f != METADATA_FILE})  # fmt: skip
     return out
 
 
@@ -72,7 +75,7 @@ def upload(fs: object, prefix: str, objects: dict[str, bytes], batch: int = 2000
         fs.pipe({f"{prefix}/{rel}": data for rel, data in items[i:i + batch]})  # type: ignore[attr-defined]
 
 
-def median(fn: Callable[[], tuple[layout.Listing, int]], repeats: int) -> tuple[float, layout.Listing, int]:
+def median(fn: Callable[[], tuple[Listing, int]], repeats: int) -> tuple[float, Listing, int]:
     samples, found, requests = [], None, 0
     for _ in range(repeats):
         start = time.perf_counter()
@@ -105,7 +108,7 @@ def main() -> None:
                                    object_areas=(area,))  # fmt: skip
         creds = S3Credentials(reader.access_key, reader.secret_key, server.endpoint,
                               timeout_s=config.timeout_seconds / 4)  # fmt: skip
-        limits = layout.ScanLimits(max_steps=config.max_steps)
+        limits = ScanLimits(max_steps=config.max_steps)
         pool = DiscoveryPool(config)
         pool.warm()
         print(f"SeaweedFS {server.endpoint}; {args.dirs} step prefixes/directories; median of {args.repeats}; "
@@ -117,20 +120,20 @@ def main() -> None:
             write_local(local, objects)
             uri = f"s3://{BUCKET}/bench/job-{partial}"
             started = time.monotonic()
-            upload(admin, s3store.parse_uri(uri).bucket + "/" + s3store.parse_uri(uri).prefix, objects)
+            upload(admin, parse_uri(uri).bucket + "/" + parse_uri(uri).prefix, objects)
             uploaded = time.monotonic() - started
             expected = args.dirs - partial
             case = "newest complete" if not partial else f"newest {partial} partial, then complete"
 
-            def local_scan(root: Path = local) -> tuple[layout.Listing, int]:
-                layout._PARSED.clear()
-                return layout.discover(str(root), str(mount / "bench"), limits), 0
+            def local_scan(root: Path = local) -> tuple[Listing, int]:
+                _PARSED.clear()
+                return discover(str(root), str(mount / "bench"), limits), 0
 
-            def s3_scan(root: str = uri) -> tuple[layout.Listing, int]:
-                layout._PARSED.clear()
+            def s3_scan(root: str = uri) -> tuple[Listing, int]:
+                _PARSED.clear()
                 store = S3Store(root, creds)
                 try:
-                    return layout.scan(store, limits), store.requests
+                    return scan(store, limits), store.requests
                 finally:
                     store.close()
 
@@ -141,7 +144,7 @@ def main() -> None:
                 assert answer.latest is not None and answer.latest.step == expected, answer
                 shown = str(requests) if store == "s3" else "-"
                 print(f"{case:<34} {store:<6} {took:>12.4f} {shown:>9} {boxed:>10.4f} "
-                      f"{layout.step_dir_name(found.latest.step):>16}")
+                      f"{step_dir_name(found.latest.step):>16}")
             print(f"  (uploading {len(objects)} objects took {uploaded:.1f} s)")
         pool.close()
     finally:

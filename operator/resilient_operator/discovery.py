@@ -1,6 +1,6 @@
 """Checkpoint discovery in a sandbox: worker processes with resource limits and a wall-clock deadline.
 
-Checkpoint roots are written by user pods, so `layout.discover` never runs in the operator's address
+Checkpoint roots are written by user pods, so `storage.discover` never runs in the operator's address
 space. A small pool of workers, each a fresh interpreter (`python -P -m resilient_operator.discovery`,
 exec'd, never a fork of the threaded operator) that imports only the torch-free contracts, sets its
 own RLIMIT_AS (memory), RLIMIT_CPU (per call), RLIMIT_CORE and RLIMIT_FSIZE (zero), then serves one
@@ -17,8 +17,8 @@ never holds more than `workers - 1` of them at once (all of them in a one-worker
 namespace's queue never stands in front of another's. Every root is charged for the time its call took:
 one that cost more than CHARGE_MIN_SECONDS answers from that call again for CHARGE_FACTOR times as long
 (no worker used), however the call ended. Negative verdicts on a `.metadata` are remembered by the same
-stat signature as positive ones (layout.py), so an unchanged costly-to-reject file is parsed once. A replacement
-is started as soon as its predecessor is gone, so its start-up overlaps the wait for it. Start-up is never
+identity as positive ones (storage/completeness.py), so an unchanged costly-to-reject file is parsed once. A
+replacement is started as soon as its predecessor is gone, so its start-up overlaps the wait for it. Start-up is never
 blamed on a root: a call whose worker is still starting (a loaded node), like one that found every worker
 busy, answers `DiscoveryBusy`, holds nothing back, and the reconcile simply asks again soon.
 
@@ -50,8 +50,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilient_contract import dcp_metadata, layout, progress, s3store
-from resilient_contract.s3store import S3Credentials
+from resilient_contract import dcp_metadata, progress, storage
+from resilient_contract.storage import errors, roots, s3
+from resilient_contract.storage.listing import Listing, Verdict
+from resilient_contract.storage.s3 import S3Credentials
 from resilient_operator.settings import DiscoverySettings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -133,8 +135,8 @@ class FairSlots:
             self._cond.notify_all()
 
 
-def _failed(root: str, reason: str, message: str) -> layout.Listing:
-    return layout.Listing(root, None, (), message, reason=reason)
+def _failed(root: str, reason: str, message: str) -> Listing:
+    return Listing(root, None, (), message, reason=reason)
 
 
 @dataclass
@@ -146,12 +148,12 @@ class _Worker:
 
 @dataclass
 class DiscoveryPool:
-    """Runs `layout.discover` for (root, namespace) in sandboxed workers; thread-safe; never raises."""
+    """Runs `storage.discover` for (root, namespace) in sandboxed workers; thread-safe; never raises."""
 
     config: DiscoverySettings
     prefix: tuple[str, ...] = ()  # a command to start workers under (e.g. setpriv dropping capabilities)
     _slots: queue.Queue[_Worker | None] = field(default_factory=queue.Queue, init=False)
-    _cooldown: dict[tuple[str, str], tuple[float, layout.Listing]] = field(default_factory=dict, init=False)
+    _cooldown: dict[tuple[str, str], tuple[float, Listing]] = field(default_factory=dict, init=False)
     _dying: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _fair: FairSlots = field(init=False)
@@ -164,12 +166,12 @@ class DiscoveryPool:
 
     # ---- the call ------------------------------------------------------------------------------
     def discover(self, root: str, namespace: str, job: str | None = None,
-                 starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
+                 starts: Sequence[tuple[int, int | None]] = ()) -> Listing:
         return self.discover_with_reports(root, namespace, job, starts)[0]
 
     def discover_with_reports(self, root: str, namespace: str, job: str | None = None,
                               starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
-                              ) -> tuple[layout.Listing, dict[str, progress.Report]]:
+                              ) -> tuple[Listing, dict[str, progress.Report]]:
         """`discover`, plus the progress reports of `pods` (the job's own current pods), read by the same worker
         relative to the root's directory fd, following no link anywhere on the way (local roots only)."""
         reports: dict[str, progress.Report] = {}
@@ -178,16 +180,16 @@ class DiscoveryPool:
         return listing, reports
 
     def _discover(self, root: str, namespace: str, job: str | None, starts: Sequence[tuple[int, int | None]],
-                  pods: Sequence[str], reports: dict[str, progress.Report]) -> layout.Listing:
+                  pods: Sequence[str], reports: dict[str, progress.Report]) -> Listing:
         """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
         and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
-            return _failed(str(root)[:200], layout.REASON_INVALID_ROOT, "checkpoint root is too long")
+            return _failed(str(root)[:200], errors.REASON_INVALID_ROOT, "checkpoint root is too long")
         s3: S3Credentials | None = None
-        if root.startswith(s3store.SCHEME):
+        if roots.is_object_store(root):
             try:
                 area, s3 = self._object_store(root, namespace)
-            except layout.StorageError as exc:  # refused lexically, or the operator's keys are not mounted
+            except errors.StorageError as exc:  # refused lexically, or the operator's keys are not mounted
                 return _failed(root, exc.reason, str(exc))
         else:
             area = self.config.area_for(namespace)
@@ -198,14 +200,14 @@ class DiscoveryPool:
             if held and held[0] > time.monotonic():
                 return held[1]
         if not self._fair.acquire(namespace, timeout):
-            return _failed(root, layout.REASON_DISCOVERY_BUSY,
+            return _failed(root, errors.REASON_DISCOVERY_BUSY,
                            f"every checkpoint discovery worker this namespace may use stayed busy for {timeout:g} s "
                            "(other roots are slow); discovery will be retried")  # fmt: skip
         try:
             try:
                 worker = self._slots.get(timeout=timeout)  # the fair gate counts these very slots: one is free
             except queue.Empty:  # only after close(): it took the workers away
-                return _failed(root, layout.REASON_DISCOVERY_BUSY, "the checkpoint discovery pool is closed")
+                return _failed(root, errors.REASON_DISCOVERY_BUSY, "the checkpoint discovery pool is closed")
             used = [0.0]
             try:
                 listing, worker = self._call(worker, root, area, job, starts, s3, used,
@@ -214,13 +216,13 @@ class DiscoveryPool:
                 self._slots.put(worker)
         finally:
             self._fair.release(namespace)
-        if listing.reason in (layout.REASON_DISCOVERY_TIMED_OUT, layout.REASON_DISCOVERY_FAILED):
+        if listing.reason in (errors.REASON_DISCOVERY_TIMED_OUT, errors.REASON_DISCOVERY_FAILED):
             self._hold(key, listing)
-        elif listing.reason != layout.REASON_DISCOVERY_BUSY and used[0] >= CHARGE_MIN_SECONDS:
+        elif listing.reason != errors.REASON_DISCOVERY_BUSY and used[0] >= CHARGE_MIN_SECONDS:
             self._charge(key, listing, used[0])
         return listing
 
-    def _charge(self, key: tuple[str, str], listing: layout.Listing, seconds: float) -> None:
+    def _charge(self, key: tuple[str, str], listing: Listing, seconds: float) -> None:
         """The root cost `seconds` of a worker: it answers from this call for CHARGE_FACTOR times as long."""
         with self._lock:
             self._trim(time.monotonic())
@@ -231,16 +233,16 @@ class DiscoveryPool:
         it, read from the mounted Secret now. Each request's timeout is a quarter of the deadline, so an
         endpoint that is down answers with the store's error before the worker would be killed."""
         areas = self.config.object_areas_for(namespace)
-        uri = layout.object_area(root, [a.uri for a in areas])
+        uri = roots.object_area(root, [a.uri for a in areas])
         area = next(a for a in areas if a.uri == uri)
         try:
             return uri, area.credentials(self.config.object_secrets_dir, self.config.timeout_seconds / 4)
         except SettingsError as exc:
-            raise layout.StorageError(str(exc)) from None
+            raise errors.StorageError(str(exc)) from None
 
-    def _hold(self, key: tuple[str, str], listing: layout.Listing) -> None:
+    def _hold(self, key: tuple[str, str], listing: Listing) -> None:
         pause = COOLDOWN_DEADLINES * self.config.timeout_seconds
-        held = layout.Listing(listing.root, None, (), f"{listing.error}; not retried for {pause:g} s",
+        held = Listing(listing.root, None, (), f"{listing.error}; not retried for {pause:g} s",
                               reason=listing.reason)  # fmt: skip
         now = time.monotonic()
         with self._lock:
@@ -258,7 +260,7 @@ class DiscoveryPool:
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
               starts: Sequence[tuple[int, int | None]] = (), s3: S3Credentials | None = None,
               used: list[float] | None = None, pods: Sequence[str] = (),
-              reports: dict[str, progress.Report] | None = None) -> tuple[layout.Listing, _Worker | None]:
+              reports: dict[str, progress.Report] | None = None) -> tuple[Listing, _Worker | None]:
         """Answer one request on `worker` (or a fresh one); the listing and the worker to put back in its slot
         (a replacement, already starting, when this one had to go). `used[0]` gets the seconds the request
         itself took (a worker's start-up is not the root's doing)."""
@@ -281,17 +283,17 @@ class DiscoveryPool:
             worker = self._spawn()
         while True:
             if worker is None:
-                return _failed(root, layout.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
+                return _failed(root, errors.REASON_DISCOVERY_FAILED, "cannot start a discovery worker"), None
             if not worker.ready:
                 started = _read_line(worker.proc, deadline)
                 if started is None:  # not this root's doing: the worker keeps starting for the next call
-                    return _failed(root, layout.REASON_DISCOVERY_BUSY,
+                    return _failed(root, errors.REASON_DISCOVERY_BUSY,
                                    f"a checkpoint discovery worker is still starting after {timeout:g} s "
                                    "(a loaded node?); discovery will be retried"), worker  # fmt: skip
                 if started != READY:
                     why = _death(worker.proc)
                     self._kill(worker)
-                    return _failed(root, layout.REASON_DISCOVERY_FAILED,
+                    return _failed(root, errors.REASON_DISCOVERY_FAILED,
                                    f"a checkpoint discovery worker {why} while starting"), self._spawn()
                 worker.ready = True
             began = time.monotonic()
@@ -306,23 +308,23 @@ class DiscoveryPool:
             break
         if line is None:
             self._kill(worker)
-            return _failed(root, layout.REASON_DISCOVERY_TIMED_OUT,
+            return _failed(root, errors.REASON_DISCOVERY_TIMED_OUT,
                            f"checkpoint discovery took longer than {timeout:g} s "
                            "(slow or hanging storage?)"), self._spawn()  # fmt: skip
         if not line:
             why = _death(worker.proc)
             self._kill(worker)
-            return (_failed(root, layout.REASON_DISCOVERY_FAILED, f"the checkpoint discovery worker {why}"),
+            return (_failed(root, errors.REASON_DISCOVERY_FAILED, f"the checkpoint discovery worker {why}"),
                     self._spawn())
         try:
             answer = json.loads(line)
-            listing = layout.Listing.from_dict(answer["listing"])
+            listing = Listing.from_dict(answer["listing"])
             recycle = bool(answer.get("recycle"))
             if reports is not None:
                 reports.update(_reports_from(answer.get("reports"), pods))
         except (ValueError, KeyError, TypeError):
             self._kill(worker)
-            return (_failed(root, layout.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"),
+            return (_failed(root, errors.REASON_DISCOVERY_FAILED, "the discovery worker gave a malformed answer"),
                     self._spawn())
         if recycle:
             self._retire(worker)
@@ -487,7 +489,7 @@ def shutdown() -> None:
 
 def discover_with_reports(root: str, namespace: str, job: str | None = None,
                           starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
-                          ) -> tuple[layout.Listing, dict[str, progress.Report]]:
+                          ) -> tuple[Listing, dict[str, progress.Report]]:
     """The operator's entry point for a job's checkpoints and its own pods' progress reports."""
     global _pool
     with _pool_lock:
@@ -498,7 +500,7 @@ def discover_with_reports(root: str, namespace: str, job: str | None = None,
 
 
 def discover(root: str, namespace: str, job: str | None = None,
-             starts: Sequence[tuple[int, int | None]] = ()) -> layout.Listing:
+             starts: Sequence[tuple[int, int | None]] = ()) -> Listing:
     """The operator's entry point: the pool from `start`, or one built from the environment on first use."""
     global _pool
     with _pool_lock:
@@ -535,7 +537,7 @@ def _current_rss() -> int:
         return 0
 
 
-def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) -> None:
+def serve(stdin: Any, stdout: Any, limits: storage.ScanLimits, cpu_seconds: int) -> None:
     """Say it is ready, then answer one JSON request line at a time until EOF. Runs inside the worker process."""
     stdout.write(READY + b"\n")
     stdout.flush()
@@ -550,7 +552,7 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             job = request.get("job")
             starts = [(int(a), None if r is None else int(r)) for a, r in request.get("starts") or []]
             s3 = _credentials(request.get("s3"))
-            listing = layout.discover(str(request["root"]), str(request["area"]), limits,
+            listing = storage.discover(str(request["root"]), str(request["area"]), limits,
                                       job=str(job) if job is not None else None, starts=starts, s3=s3)
             pods = request.get("pods") or []
             if pods and s3 is None and not listing.error:
@@ -558,11 +560,11 @@ def serve(stdin: Any, stdout: Any, limits: layout.ScanLimits, cpu_seconds: int) 
             if s3 is not None:
                 listing = _redacted(listing, s3.secrets())
         except MemoryError:
-            listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
+            listing = _failed("?", errors.REASON_DISCOVERY_FAILED, "checkpoint discovery ran out of memory")
         except Exception:
-            listing = _failed("?", layout.REASON_DISCOVERY_FAILED, "the discovery worker got a malformed request")
+            listing = _failed("?", errors.REASON_DISCOVERY_FAILED, "the discovery worker got a malformed request")
         rss = _current_rss()
-        recycle = rss > RECYCLE_RSS_BYTES or listing.reason == layout.REASON_DISCOVERY_FAILED
+        recycle = rss > RECYCLE_RSS_BYTES or listing.reason == errors.REASON_DISCOVERY_FAILED
         stdout.write(json.dumps({"listing": listing.to_dict(), "recycle": recycle, "reports": found}).encode()
                      + b"\n")
         stdout.flush()
@@ -578,18 +580,14 @@ def read_reports(root: str, area: str, pods: Any) -> dict[str, Any]:
     if not isinstance(pods, list):
         return out
     try:
-        store = layout.open_root(root, area)
+        store = roots.open_store(root, area=area)
     except (OSError, ValueError):
         return out
     try:
         for pod in pods[:MAX_REPORTED_PODS]:
             if not isinstance(pod, str) or not _POD_NAME_RE.fullmatch(pod):
                 continue
-            try:
-                raw = store.read_bytes(f"{progress.DIRNAME}/{pod}.json", progress.MAX_REPORT_BYTES)
-            except OSError:  # a symlink, FIFO, oversize file...: no report
-                continue
-            report = progress.parse_report(raw, pod) if raw is not None else None
+            report = progress.read_report_from(store, pod)  # a symlink, FIFO, oversize file...: no report
             if report is not None:
                 out[pod] = dataclasses.asdict(report)
     finally:
@@ -635,7 +633,7 @@ def _credentials(data: Any) -> S3Credentials | None:
     return S3Credentials(**strings, timeout_s=None if timeout is None else float(timeout))
 
 
-def _redacted(listing: layout.Listing, secrets: Sequence[str]) -> layout.Listing:
+def _redacted(listing: Listing, secrets: Sequence[str]) -> Listing:
     """The listing with any key the store echoed in an error replaced (a condition is readable by the tenant)."""
 
     def clean(text: str | None) -> str | None:
@@ -644,7 +642,7 @@ def _redacted(listing: layout.Listing, secrets: Sequence[str]) -> layout.Listing
                 text = text.replace(secret, "<redacted>")
         return text
 
-    def verdict(v: layout.Verdict | None) -> layout.Verdict | None:
+    def verdict(v: Verdict | None) -> Verdict | None:
         return None if v is None else dataclasses.replace(v, reason=clean(v.reason) or "", path=clean(v.path) or "")
 
     return dataclasses.replace(listing, error=clean(listing.error), latest=verdict(listing.latest),
@@ -671,8 +669,8 @@ def worker_main(argv: list[str]) -> None:
         # which RLIMIT_AS counts, well inside the limit (see MALLOC_ARENA_MAX in `_spawn`).
         threading.stack_size(THREAD_STACK_BYTES)
         with contextlib.suppress(Exception):  # without the client an s3:// root gets DiscoveryFailed, with a reason
-            s3store.warm_up()
-    limits = layout.ScanLimits(max_steps=args.max_steps,
+            s3.warm_up()
+    limits = storage.ScanLimits(max_steps=args.max_steps,
                                metadata=dcp_metadata.Limits(max_bytes=args.metadata_max_bytes))  # fmt: skip
     if args.read_root and not confine(args.read_root):
         sys.stderr.write("discovery worker: Landlock is not available; the worker is not confined to the "

@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from resilient_contract import s3store
-from resilient_contract.s3store import S3Credentials
+from resilient_contract.storage import s3
+from resilient_contract.storage.s3 import S3Credentials
 from resilient_operator.core.model import OperatorConfig
 
 MiB = 1024 * 1024
@@ -144,8 +144,8 @@ def check_areas(settings: DiscoverySettings) -> DiscoverySettings:
     stores = sorted(settings.object_areas, key=lambda a: (a.endpoint or "", a.uri))
     for i, a in enumerate(stores):
         for b in stores[i + 1:]:
-            if (a.endpoint or "") == (b.endpoint or "") and _nested(_parts(a.uri[len(s3store.SCHEME):]),
-                                                                    _parts(b.uri[len(s3store.SCHEME):])):
+            if (a.endpoint or "") == (b.endpoint or "") and _nested(_parts(a.uri[len(s3.SCHEME):]),
+                                                                    _parts(b.uri[len(s3.SCHEME):])):
                 raise SettingsError(f"RTJ_OBJECT_STORE_AREAS: the areas {a.uri} (namespaces {', '.join(a.namespaces)}) "
                                     f"and {b.uri} (namespaces {', '.join(b.namespaces)}) overlap; list namespaces "
                                     "that share an area on purpose in one entry")
@@ -207,7 +207,7 @@ def object_areas(raw: str) -> tuple[ObjectStoreArea, ...]:
             raise SettingsError(f"{at} must be an object with keys among {sorted(_AREA_FIELDS)}")
         uri = entry.get("uri")
         try:
-            uri = s3store.parse_uri(uri).uri if isinstance(uri, str) else None
+            uri = s3.parse_uri(uri).uri if isinstance(uri, str) else None
         except ValueError as exc:
             raise SettingsError(f"{at}.uri: {exc}") from None
         if uri is None:

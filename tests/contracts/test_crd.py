@@ -12,7 +12,7 @@ from typing import Any
 import celpy
 import pytest
 
-from resilient_contract import s3store
+from resilient_contract.storage.s3 import parse_uri
 from resilient_operator import constants as c
 from tests.operator.builders import apply_defaults, crd, job_object, schema
 
@@ -157,7 +157,7 @@ def test_accepted_roots(root: str) -> None:
     """What the root's description promises is accepted; the s3 ones parse as the operator parses them."""
     assert violations(valid_job(checkpoint={"root": root}), schema()) == []
     if root.startswith("s3://"):
-        s3store.parse_uri(root)
+        parse_uri(root)
 
 
 def test_long_name_is_rejected() -> None:

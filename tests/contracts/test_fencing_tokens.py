@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import layout, lineage
+from resilient_contract import lineage
+from resilient_contract.storage.completeness import check_step
+from resilient_contract.storage.listing import Listing
+from resilient_contract.storage.local import LocalStore
+from resilient_contract.storage.names import METADATA_FILE, parse_step_dir, step_dir_name
+from resilient_contract.storage.scan import discover
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -25,12 +30,12 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def put(root: Path, template: Path, step: int, writer: int | None, name_attempt: int | None = None,
         complete: bool = True, job: str = JOB) -> Path:
-    path = root / layout.step_dir_name(step, name_attempt)
+    path = root / step_dir_name(step, name_attempt)
     shutil.copytree(template, path)
     if writer is not None:
         (path / lineage.WRITER_FILE).write_bytes(lineage.format_writer(job, writer))
     if not complete:
-        (path / layout.METADATA_FILE).unlink()
+        (path / METADATA_FILE).unlink()
     return path
 
 
@@ -38,8 +43,8 @@ def mark(root: Path, attempt: int, resumed: int | None, job: str = JOB) -> None:
     (root / lineage.marker_name(job, attempt)).write_bytes(lineage.format_marker(job, attempt, resumed))
 
 
-def latest(root: Path, starts: tuple[tuple[int, int | None], ...] = ()) -> layout.Listing:
-    return layout.discover(str(root), job=JOB, starts=starts)
+def latest(root: Path, starts: tuple[tuple[int, int | None], ...] = ()) -> Listing:
+    return discover(str(root), job=JOB, starts=starts)
 
 
 def test_a_fenced_attempts_late_metadata_is_refused(tmp_path: Path, template: Path) -> None:
@@ -53,7 +58,7 @@ def test_a_fenced_attempts_late_metadata_is_refused(tmp_path: Path, template: Pa
     assert found.latest is not None and found.latest.step == 20
     assert found.skipped[0].step == 30 and found.skipped[0].fenced_writer == 1
     assert "fenced" in found.skipped[0].reason
-    assert layout.discover(str(tmp_path)).latest.step == 30  # type: ignore[union-attr]  # the rule off: the bug
+    assert discover(str(tmp_path)).latest.step == 30  # type: ignore[union-attr]  # the rule off: the bug
 
 
 def test_the_operators_record_fences_before_the_new_gang_wrote_its_mark(tmp_path: Path, template: Path) -> None:
@@ -119,14 +124,14 @@ def test_an_unchanged_metadata_is_parsed_once(tmp_path: Path, template: Path, mo
     real = dcp_metadata.storage_entries
     monkeypatch.setattr(dcp_metadata, "storage_entries", lambda *a, **k: calls.append(1) or real(*a, **k))
     path = put(tmp_path, template, 20, writer=1)
-    store = layout.LocalStore(str(tmp_path))
-    assert layout.check_step(store, path.name).complete and layout.check_step(store, path.name).complete
+    store = LocalStore(str(tmp_path))
+    assert check_step(store, path.name).complete and check_step(store, path.name).complete
     assert len(calls) == 1
     shard = next(path.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:10])  # a shard cut short later is still caught from the cache
-    assert "truncated" in layout.check_step(store, path.name).reason and len(calls) == 1
-    (path / layout.METADATA_FILE).write_bytes((path / layout.METADATA_FILE).read_bytes())  # rewritten: parse again
-    layout.check_step(store, path.name)
+    assert "truncated" in check_step(store, path.name).reason and len(calls) == 1
+    (path / METADATA_FILE).write_bytes((path / METADATA_FILE).read_bytes())  # rewritten: parse again
+    check_step(store, path.name)
     assert len(calls) == 2
 
 
@@ -152,8 +157,8 @@ def test_a_lying_writer_token_cannot_unfence_a_dead_gangs_directory(tmp_path: Pa
 
 def test_step_and_mark_names_take_ascii_digits_only() -> None:
     arabic = "\u0660" * 9 + "\u0661"  # Arabic-Indic 0000000001: re's \d and int() accept it
-    assert layout.parse_step_dir(f"step-{arabic}") is None
-    assert layout.parse_step_dir("step-0000000001.a\u0661") is None
-    assert layout.parse_step_dir("step-0000000001") == 1
+    assert parse_step_dir(f"step-{arabic}") is None
+    assert parse_step_dir("step-0000000001.a\u0661") is None
+    assert parse_step_dir("step-0000000001") == 1
     assert lineage.parse_marker_name(f"{lineage.MARKER_PREFIX}{JOB}-{arabic}") is None
     assert lineage.parse_writer(f"attempt=\u0661 job={JOB}".encode()) is None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilient_contract import layout
+from resilient_contract.storage.names import METADATA_FILE, step_dir_name
 
 GENUINE_STEP = 1
 HOSTILE_STEP = 2
@@ -132,7 +132,7 @@ class Tree:
 
 
 def plant_genuine(template: Path, root: Path, step: int = GENUINE_STEP) -> Path:
-    dest = root / layout.step_dir_name(step)
+    dest = root / step_dir_name(step)
     shutil.copytree(template, dest)
     return dest
 
@@ -143,13 +143,13 @@ def hostile_step(template: Path, root: Path) -> Path:
 
 
 def fifo_metadata(template: Path, root: Path) -> None:
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     meta.unlink()
     os.mkfifo(meta)
 
 
 def socket_metadata(template: Path, root: Path) -> None:
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     meta.unlink()
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(meta))
@@ -158,7 +158,7 @@ def socket_metadata(template: Path, root: Path) -> None:
 
 def device_metadata(template: Path, root: Path) -> None:
     """A character device named .metadata (a /dev/zero twin); needs CAP_MKNOD, else a FIFO stands in."""
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     meta.unlink()
     try:
         os.mknod(meta, 0o644 | stat.S_IFCHR, os.makedev(1, 5))
@@ -167,24 +167,24 @@ def device_metadata(template: Path, root: Path) -> None:
 
 
 def directory_metadata(template: Path, root: Path) -> None:
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     meta.unlink()
     meta.mkdir()
 
 
 def symlink_metadata(template: Path, root: Path) -> None:
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     meta.unlink()
     meta.symlink_to("/etc/passwd")
 
 
 def symlink_step_dir(template: Path, root: Path, target: Path) -> None:
     """A step directory that is a symlink to another tenant's checkpoint."""
-    (root / layout.step_dir_name(HOSTILE_STEP)).symlink_to(target)
+    (root / step_dir_name(HOSTILE_STEP)).symlink_to(target)
 
 
 def symlink_loop_step(template: Path, root: Path) -> None:
-    link = root / layout.step_dir_name(HOSTILE_STEP)
+    link = root / step_dir_name(HOSTILE_STEP)
     link.symlink_to(link.name)
 
 
@@ -197,7 +197,7 @@ def symlink_shard(template: Path, root: Path, target: Path) -> None:
 
 
 def sparse_huge_metadata(template: Path, root: Path, size: int = 600 << 20) -> None:
-    meta = hostile_step(template, root) / layout.METADATA_FILE
+    meta = hostile_step(template, root) / METADATA_FILE
     with open(meta, "r+b") as f:
         f.truncate(size)
 
@@ -216,7 +216,7 @@ def unreadable_step_dir(template: Path, root: Path) -> None:
 
 def bomb_metadata(name: str) -> Callable[[Path, Path], None]:
     def plant(template: Path, root: Path) -> None:
-        (hostile_step(template, root) / layout.METADATA_FILE).write_bytes(BOMBS[name]())
+        (hostile_step(template, root) / METADATA_FILE).write_bytes(BOMBS[name]())
 
     plant.__name__ = f"bomb_{name}"
     return plant
@@ -225,7 +225,7 @@ def bomb_metadata(name: str) -> Callable[[Path, Path], None]:
 def many_step_dirs(template: Path, root: Path, count: int = 10_000) -> None:
     """Thousands of empty step directories above the genuine checkpoint (beyond the newest-K window)."""
     for step in range(HOSTILE_STEP, HOSTILE_STEP + count):
-        (root / layout.step_dir_name(step)).mkdir()
+        (root / step_dir_name(step)).mkdir()
 
 
 def bit_flips(metadata: bytes, count: int, seed: int, flips: int = 3) -> list[bytes]:

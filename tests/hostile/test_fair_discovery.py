@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import dcp_metadata, layout
+from resilient_contract import dcp_metadata
+from resilient_contract.storage.errors import REASON_DISCOVERY_BUSY
+from resilient_contract.storage.scan import discover
 from resilient_operator import discovery
 from resilient_operator.discovery import DiscoveryPool, FairSlots
 from resilient_operator.settings import DiscoverySettings
@@ -141,7 +143,7 @@ def test_a_noisy_namespace_never_makes_another_wait_busy(mount: Path) -> None:
             listing = pool.discover(str(good), "good")
             answers.append((listing.reason, time.monotonic() - start))
             time.sleep(0.2)
-        assert all(reason != layout.REASON_DISCOVERY_BUSY for reason, _ in answers), answers
+        assert all(reason != REASON_DISCOVERY_BUSY for reason, _ in answers), answers
         assert max(t for _, t in answers) < DEADLINE + SLACK, answers
     finally:
         stop.set()
@@ -178,12 +180,12 @@ def test_an_unchanged_costly_rejection_is_parsed_once(mount: Path, monkeypatch: 
         return real(data, limits)
 
     monkeypatch.setattr(dcp_metadata, "storage_entries", counting)
-    first = layout.discover(str(root))
-    second = layout.discover(str(root))
+    first = discover(str(root))
+    second = discover(str(root))
     assert first.skipped[0].reason == second.skipped[0].reason and "opcode" in first.skipped[0].reason
     assert len(parses) == 1
     meta = root / "step-0000000010" / ".metadata"
     meta.write_bytes(meta.read_bytes())  # changed (a new mtime/ctime): parsed again
     os.utime(meta, ns=(time.time_ns(), time.time_ns() + 10**9))
-    layout.discover(str(root))
+    discover(str(root))
     assert len(parses) == 2

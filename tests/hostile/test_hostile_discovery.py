@@ -23,7 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import dcp_metadata, layout
+from resilient_contract import dcp_metadata
+from resilient_contract.storage.errors import (
+    REASON_DISCOVERY_BUSY,
+    REASON_DISCOVERY_FAILED,
+    REASON_DISCOVERY_TIMED_OUT,
+    REASON_INVALID_ROOT,
+    REASON_ROOT_MISSING,
+    REASON_ROOT_OUTSIDE_AREA,
+    REASON_ROOT_SYMLINK,
+    REASON_STORAGE_UNREADABLE,
+)
+from resilient_contract.storage.listing import Listing
+from resilient_contract.storage.names import METADATA_FILE
 from resilient_operator.discovery import DiscoveryPool
 from resilient_operator.settings import DiscoverySettings
 from tests.hostile import attacks
@@ -94,7 +106,7 @@ def neighbour(mount: Path, template: Path) -> Path:
 
 
 def timed(pool: DiscoveryPool, root: Path | str, ns: str = "tenant-a",
-          bound: float = TIMEOUT + SLACK) -> layout.Listing:  # fmt: skip
+          bound: float = TIMEOUT + SLACK) -> Listing:  # fmt: skip
     start = time.monotonic()
     listing = pool.discover(str(root), ns)
     elapsed = time.monotonic() - start
@@ -185,7 +197,7 @@ def test_root_outside_the_namespace_area_is_refused_without_an_oracle(pool: Disc
                                                                       neighbour: Path) -> None:  # fmt: skip
     answers = {root: timed(pool, root) for root in (str(neighbour), "/etc", "/nonexistent/x", str(mount))}
     for root, listing in answers.items():
-        assert listing.reason == layout.REASON_ROOT_OUTSIDE_AREA and not listing.missing, (root, listing)
+        assert listing.reason == REASON_ROOT_OUTSIDE_AREA and not listing.missing, (root, listing)
         assert str(mount / "tenant-a") in (listing.error or "")
     assert len({listing.error for listing in answers.values()}) == 1, "the message must not depend on what exists"
 
@@ -193,12 +205,12 @@ def test_root_outside_the_namespace_area_is_refused_without_an_oracle(pool: Disc
 @pytest.mark.parametrize(
     ("make_root", "reason"),
     [
-        (lambda m: f"{m}/tenant-a/../tenant-b/x", layout.REASON_INVALID_ROOT),
-        (lambda m: f"{m}/tenant-a/a\x00b", layout.REASON_INVALID_ROOT),
-        (lambda m: "tenant-a/relative", layout.REASON_INVALID_ROOT),
-        (lambda m: "gs://bucket/tenant-a", layout.REASON_INVALID_ROOT),
-        (lambda m: "s3://bucket/tenant-a", layout.REASON_ROOT_OUTSIDE_AREA),  # no object-store area for it
-        (lambda m: "/" + "a" * 5000, layout.REASON_INVALID_ROOT),
+        (lambda m: f"{m}/tenant-a/../tenant-b/x", REASON_INVALID_ROOT),
+        (lambda m: f"{m}/tenant-a/a\x00b", REASON_INVALID_ROOT),
+        (lambda m: "tenant-a/relative", REASON_INVALID_ROOT),
+        (lambda m: "gs://bucket/tenant-a", REASON_INVALID_ROOT),
+        (lambda m: "s3://bucket/tenant-a", REASON_ROOT_OUTSIDE_AREA),  # no object-store area for it
+        (lambda m: "/" + "a" * 5000, REASON_INVALID_ROOT),
     ],
     ids=["dot-dot", "nul-byte", "relative", "unsupported-scheme", "s3-without-an-area", "very-long"],
 )
@@ -216,16 +228,16 @@ def test_symlinks_in_the_root_path_are_not_followed(pool: DiscoveryPool, mount: 
     link_root.symlink_to(neighbour)
     for root in (link_dir / neighbour.name, link_root):
         listing = timed(pool, root)
-        assert listing.reason == layout.REASON_ROOT_SYMLINK and listing.latest is None, listing
+        assert listing.reason == REASON_ROOT_SYMLINK and listing.latest is None, listing
 
 
 def test_fifo_as_root_and_missing_root(pool: DiscoveryPool, mount: Path) -> None:
     (mount / "tenant-a").mkdir(exist_ok=True)
     os.mkfifo(mount / "tenant-a" / "fifo-root")
     fifo = timed(pool, mount / "tenant-a" / "fifo-root")
-    assert fifo.reason == layout.REASON_STORAGE_UNREADABLE and not fifo.missing, fifo
+    assert fifo.reason == REASON_STORAGE_UNREADABLE and not fifo.missing, fifo
     missing = timed(pool, mount / "tenant-a" / "not-yet")
-    assert missing.missing and missing.reason == layout.REASON_ROOT_MISSING, missing
+    assert missing.missing and missing.reason == REASON_ROOT_MISSING, missing
 
 
 def _no_dac_prefix() -> tuple[str, ...]:
@@ -248,7 +260,7 @@ def test_unreadable_step_dir_and_root(mount: Path, template: Path) -> None:
         locked = new_root(mount, template)
         locked.chmod(0)
         listing = timed(p, locked)
-        assert listing.reason == layout.REASON_STORAGE_UNREADABLE and "permission denied" in (listing.error or "")
+        assert listing.reason == REASON_STORAGE_UNREADABLE and "permission denied" in (listing.error or "")
     finally:
         p.close()
 
@@ -268,11 +280,11 @@ def test_overrun_is_killed_replaced_and_held(mount: Path, template: Path, neighb
         (before,) = p.pids()
         root = slow_root(mount, template)
         listing = timed(p, root, bound=1.0 + SLACK)
-        assert listing.reason == layout.REASON_DISCOVERY_TIMED_OUT and listing.latest is None, listing
+        assert listing.reason == REASON_DISCOVERY_TIMED_OUT and listing.latest is None, listing
         with pytest.raises(ProcessLookupError):
             os.kill(before, 0)  # the overrunning worker is gone
         held = timed(p, root, bound=0.5)  # the same root is not retried during its cooldown
-        assert held.reason == layout.REASON_DISCOVERY_TIMED_OUT and "not retried" in (held.error or "")
+        assert held.reason == REASON_DISCOVERY_TIMED_OUT and "not retried" in (held.error or "")
         assert_neighbour_fine(p, neighbour)  # a fresh worker serves the next job
         assert p.pids() and p.pids() != [before]
     finally:
@@ -284,7 +296,7 @@ def test_a_replacement_is_started_as_soon_as_its_predecessor_is_killed(mount: Pa
     try:
         p.warm()
         (before,) = p.pids()
-        assert timed(p, slow_root(mount, template), bound=1.0 + SLACK).reason == layout.REASON_DISCOVERY_TIMED_OUT
+        assert timed(p, slow_root(mount, template), bound=1.0 + SLACK).reason == REASON_DISCOVERY_TIMED_OUT
         (after,) = p.pids()  # already starting, before any other call asks for it
         assert after != before
     finally:
@@ -298,7 +310,7 @@ def test_a_slow_worker_start_up_is_not_blamed_on_the_root(mount: Path, neighbour
     p = DiscoveryPool(settings(mount, timeout_seconds=1.0, workers=1), prefix=slow_start)
     try:
         busy = timed(p, neighbour, "tenant-b", bound=1.0 + SLACK)
-        assert busy.reason == layout.REASON_DISCOVERY_BUSY and "still starting" in (busy.error or ""), busy
+        assert busy.reason == REASON_DISCOVERY_BUSY and "still starting" in (busy.error or ""), busy
         (starting,) = p.pids()
         assert_neighbour_fine(p, neighbour)
         assert p.pids() == [starting]
@@ -310,9 +322,9 @@ def test_memory_limit_ends_in_a_reason_not_a_crash(mount: Path, template: Path, 
     p = DiscoveryPool(settings(mount, timeout_seconds=30.0, workers=1, memory_bytes=64 << 20))
     try:
         root = new_root(mount, template)
-        (attacks.hostile_step(template, root) / layout.METADATA_FILE).write_bytes(attacks.list_bomb(400_000))
+        (attacks.hostile_step(template, root) / METADATA_FILE).write_bytes(attacks.list_bomb(400_000))
         listing = timed(p, root, bound=30 + SLACK)
-        assert listing.reason == layout.REASON_DISCOVERY_FAILED and "memory" in (listing.error or ""), listing
+        assert listing.reason == REASON_DISCOVERY_FAILED and "memory" in (listing.error or ""), listing
         assert_neighbour_fine(p, neighbour)
     finally:
         p.close()
@@ -364,7 +376,7 @@ def test_bombs_leave_every_mapped_class_untouched() -> None:
 
 def test_bit_flipped_real_metadata_is_bounded(template: Path) -> None:
     """300 seeded corruptions of a real DCP .metadata: each ends in entries or a reason, quickly."""
-    real = (template / layout.METADATA_FILE).read_bytes()
+    real = (template / METADATA_FILE).read_bytes()
     before = _snapshot()
     outcomes: dict[str, int] = {}
     for data in attacks.bit_flips(real, count=300, seed=12):
@@ -415,9 +427,9 @@ def test_operator_side_rss_stays_bounded_under_every_bomb(mount: Path, template:
 
 def test_listing_crosses_as_plain_data(pool: DiscoveryPool, neighbour: Path) -> None:
     listing = timed(pool, neighbour, "tenant-b")
-    assert layout.Listing.from_dict(listing.to_dict()) == listing
+    assert Listing.from_dict(listing.to_dict()) == listing
     with pytest.raises(ValueError):
-        layout.Listing.from_dict({**listing.to_dict(), "missing": "yes"})
+        Listing.from_dict({**listing.to_dict(), "missing": "yes"})
     assert stat.S_ISDIR(os.stat(listing.latest.path).st_mode)  # type: ignore[union-attr]
 
 

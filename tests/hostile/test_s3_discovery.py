@@ -3,7 +3,7 @@ tenancy, and every storage failure as a Listing error within the deadline.
 
 Trees are written with admin keys (as a tenant's trainer would); the operator reads with read-only keys
 scoped to one bucket, through the sandboxed `DiscoveryPool` where the operator's path is what is tested,
-and through `layout.scan` over an `S3Store` where a request count is asserted.
+and through `scan` over an `S3Store` where a request count is asserted.
 """
 
 from __future__ import annotations
@@ -16,8 +16,21 @@ from typing import Any
 import pytest
 
 from e2e.s3server import Identity, S3Server, weed_binary
-from resilient_contract import dcp_metadata, layout, lineage, s3store
-from resilient_contract.s3store import S3Credentials, S3Store
+from resilient_contract import dcp_metadata, lineage
+from resilient_contract.storage import scan as storage_scan
+from resilient_contract.storage.completeness import _PARSED
+from resilient_contract.storage.errors import (
+    REASON_DISCOVERY_FAILED,
+    REASON_INVALID_ROOT,
+    REASON_ROOT_MISSING,
+    REASON_ROOT_OUTSIDE_AREA,
+    REASON_STORAGE_UNREADABLE,
+    StorageError,
+)
+from resilient_contract.storage.listing import Listing, Verdict
+from resilient_contract.storage.names import METADATA_FILE, step_dir_name
+from resilient_contract.storage.s3 import S3Credentials, S3Store, parse_uri
+from resilient_contract.storage.scan import DEFAULT_SCAN, ScanLimits, discover
 from resilient_operator import constants as c
 from resilient_operator.core.reconcile import STORAGE_RETRY_SECONDS, reconcile
 from resilient_operator.discovery import DiscoveryPool, _redacted
@@ -29,7 +42,7 @@ TIMEOUT = 5.0
 SLACK = 3.0  # worker start-up and scheduling on a small shared machine
 pytestmark = pytest.mark.timeout(600)
 BUCKET_A, BUCKET_B = "bucket-a", "bucket-b"
-STEP1, STEP2 = layout.step_dir_name(1), layout.step_dir_name(2)
+STEP1, STEP2 = step_dir_name(1), step_dir_name(2)
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +91,12 @@ def template(server: S3Server, admin: Any) -> dict[str, bytes]:
         dcp.save(state, storage_writer=writer)
     base = f"{BUCKET_A}/template/{STEP1}/"
     found = {key[len(base):]: admin.cat_file(key) for key in admin.find(base)}
-    assert layout.METADATA_FILE in found and any(name.endswith(".distcp") for name in found), sorted(found)
+    assert METADATA_FILE in found and any(name.endswith(".distcp") for name in found), sorted(found)
     return found
 
 
 def plant(admin: Any, uri: str, objects: dict[str, bytes]) -> None:
-    loc = s3store.parse_uri(uri)
+    loc = parse_uri(uri)
     admin.pipe({f"{loc.bucket}/{loc.key(name)}": data for name, data in objects.items()})
 
 
@@ -101,12 +114,12 @@ def shard(template: dict[str, bytes]) -> str:
     return sorted(n for n in template if n.endswith(".distcp"))[0]
 
 
-def scan(server: S3Server, uri: str, limits: layout.ScanLimits = layout.DEFAULT_SCAN) -> tuple[layout.Listing, int]:
+def scan(server: S3Server, uri: str, limits: ScanLimits = DEFAULT_SCAN) -> tuple[Listing, int]:
     """The operator's scan of `uri` with tenant A's read-only keys: the listing and the requests it made."""
-    layout._PARSED.clear()  # a poll of an unchanged .metadata skips its GET: count the cold case
+    _PARSED.clear()  # a poll of an unchanged .metadata skips its GET: count the cold case
     store = S3Store(uri, creds(server))
     try:
-        return layout.scan(store, limits), store.requests
+        return storage_scan.scan(store, limits), store.requests
     finally:
         store.close()
 
@@ -153,7 +166,7 @@ def test_a_hostile_newer_step_is_skipped_with_a_reason(server: S3Server, admin: 
 def test_a_huge_metadata_is_refused_by_its_listed_size_without_a_download(server: S3Server, admin: Any) -> None:
     uri = f"s3://{BUCKET_A}/hostile/huge-metadata"
     plant(admin, uri, {f"{STEP2}/.metadata": _huge()})
-    limits = layout.ScanLimits(metadata=dcp_metadata.Limits(max_bytes=1024 * 1024))
+    limits = ScanLimits(metadata=dcp_metadata.Limits(max_bytes=1024 * 1024))
     listing, requests = scan(server, uri, limits)
     assert listing.latest is None and "larger than the 1048576-byte cap" in listing.skipped[0].reason
     assert requests == 2  # the root LIST and the step's LIST: no GET at all
@@ -165,8 +178,8 @@ def test_thousands_of_step_prefixes_cost_a_bounded_number_of_requests(
     steps = 2500
     # the genuine checkpoint is the 6th newest; every other step prefix is an upload that died (a shard only)
     genuine = steps - 5
-    objects = {f"{layout.step_dir_name(s)}/__0_0.distcp": b"x" for s in range(1, steps + 1) if s != genuine}
-    plant(admin, uri, {**objects, **checkpoint(template, layout.step_dir_name(genuine))})
+    objects = {f"{step_dir_name(s)}/__0_0.distcp": b"x" for s in range(1, steps + 1) if s != genuine}
+    plant(admin, uri, {**objects, **checkpoint(template, step_dir_name(genuine))})
     started = time.monotonic()
     listing, requests = scan(server, uri)
     assert listing.latest is not None and listing.latest.step == genuine, listing
@@ -174,18 +187,18 @@ def test_thousands_of_step_prefixes_cost_a_bounded_number_of_requests(
     # 3 root pages (1,000 prefixes each) + 6 step LISTs + 1 .metadata GET, whatever the shard count
     assert requests == 3 + 6 + 1, requests
     assert time.monotonic() - started < TIMEOUT
-    beyond, requests = scan(server, uri, layout.ScanLimits(max_steps=3))
+    beyond, requests = scan(server, uri, ScanLimits(max_steps=3))
     assert beyond.latest is None and beyond.unexamined == steps - 3 and requests == 3 + 3
 
 
 def test_a_root_with_too_many_keys_is_refused_not_listed_forever(server: S3Server, admin: Any,
                                                                   template: dict[str, bytes]) -> None:  # fmt: skip
     uri = f"s3://{BUCKET_A}/many"  # 2,500 step prefixes (planted above, or now)
-    if not admin.exists(f"{BUCKET_A}/many/{layout.step_dir_name(2500)}"):
-        plant(admin, uri, {f"{layout.step_dir_name(s)}/x": b"x" for s in range(1, 2501)})
+    if not admin.exists(f"{BUCKET_A}/many/{step_dir_name(2500)}"):
+        plant(admin, uri, {f"{step_dir_name(s)}/x": b"x" for s in range(1, 2501)})
     store = S3Store(uri, creds(server), max_root_pages=2)
-    with pytest.raises(layout.StorageError, match="holds more than 2000 keys"):
-        layout.scan(store)
+    with pytest.raises(StorageError, match="holds more than 2000 keys"):
+        storage_scan.scan(store)
     assert store.requests == 2
 
 
@@ -198,14 +211,14 @@ def test_a_fenced_attempts_save_is_refused_on_s3(server: S3Server, admin: Any, t
         lineage.marker_name(job, 1): lineage.format_marker(job, 1, None),
         lineage.marker_name(job, 2): lineage.format_marker(job, 2, 1),
     })  # fmt: skip
-    listing = layout.discover(uri, f"s3://{BUCKET_A}", job=job, s3=creds(server))
+    listing = discover(uri, f"s3://{BUCKET_A}", job=job, s3=creds(server))
     assert listing.latest is not None and listing.latest.step == 1, listing
     assert listing.skipped[0].step == 2 and listing.skipped[0].fenced_writer == 1, listing.skipped
 
 
 def test_an_empty_prefix_is_a_root_not_written_yet(server: S3Server) -> None:
-    listing = layout.discover(f"s3://{BUCKET_A}/nothing-here", s3=creds(server))
-    assert listing.missing and listing.reason == layout.REASON_ROOT_MISSING, listing
+    listing = discover(f"s3://{BUCKET_A}/nothing-here", s3=creds(server))
+    assert listing.missing and listing.reason == REASON_ROOT_MISSING, listing
 
 
 # ---- through the operator's sandbox: tenancy and storage failures ---------------------------------------------
@@ -246,7 +259,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # closed again: connections are refused
 
 
-def timed(pool: DiscoveryPool, root: str, namespace: str) -> layout.Listing:
+def timed(pool: DiscoveryPool, root: str, namespace: str) -> Listing:
     started = time.monotonic()
     listing = pool.discover(root, namespace)
     assert time.monotonic() - started < TIMEOUT + SLACK, f"{root}: took {time.monotonic() - started:.1f}s"
@@ -262,20 +275,20 @@ def test_the_sandbox_finds_a_real_checkpoint(pool: DiscoveryPool, template: dict
                                   f"s3://{BUCKET_A}", "s3://no-such-bucket/x"])  # fmt: skip
 def test_a_root_outside_the_namespaces_areas_is_refused_without_a_request(pool: DiscoveryPool, root: str) -> None:
     listing = timed(pool, root, "tenant-a")
-    assert listing.reason == layout.REASON_ROOT_OUTSIDE_AREA and not listing.missing, listing
+    assert listing.reason == REASON_ROOT_OUTSIDE_AREA and not listing.missing, listing
     assert listing.error == f"checkpoint root {root} is not inside an object-store area this job's namespace may use"
 
 
 def test_a_namespace_without_areas_cannot_use_s3(pool: DiscoveryPool) -> None:
     listing = timed(pool, f"s3://{BUCKET_A}/tenant-a/x", "tenant-z")
-    assert listing.reason == layout.REASON_ROOT_OUTSIDE_AREA, listing
+    assert listing.reason == REASON_ROOT_OUTSIDE_AREA, listing
 
 
 @pytest.mark.parametrize("root", ["s3://Bad_Bucket/x", f"s3://{BUCKET_A}/tenant-a/../tenant-b",
                                   f"s3://{BUCKET_A}/tenant-a//x", "s3://a..b/x"])  # fmt: skip
 def test_a_malformed_s3_root_is_invalid(pool: DiscoveryPool, root: str) -> None:
     listing = timed(pool, root, "tenant-a")
-    assert listing.reason == layout.REASON_INVALID_ROOT and listing.error, listing
+    assert listing.reason == REASON_INVALID_ROOT and listing.error, listing
 
 
 FAILURES = {
@@ -291,7 +304,7 @@ FAILURES = {
 def test_a_storage_failure_is_a_listing_error_in_time(pool: DiscoveryPool, case: str) -> None:
     root, words = FAILURES[case]
     listing = timed(pool, root, "tenant-c")
-    assert listing.reason == layout.REASON_STORAGE_UNREADABLE and not listing.missing, listing
+    assert listing.reason == REASON_STORAGE_UNREADABLE and not listing.missing, listing
     assert listing.error and any(w in listing.error for w in words), listing.error
     assert "not-the-secret" not in listing.error
 
@@ -304,7 +317,7 @@ def test_an_outage_holds_the_job_with_the_stores_message_and_a_retry(pool: Disco
     status = running_status(phase=c.RESTARTING, latestCheckpoint={"path": f"{root}/{STEP1}", "step": 1})
     plan = reconcile(job(status, checkpoint={"root": root}), [], healthy(4), listing, NOW)
     storage = next(x for x in plan.status["conditions"] if x["type"] == c.COND_STORAGE)
-    assert storage["status"] == "False" and storage["reason"] == layout.REASON_STORAGE_UNREADABLE
+    assert storage["status"] == "False" and storage["reason"] == REASON_STORAGE_UNREADABLE
     assert listing.error and listing.error in storage["message"] and "object store" in storage["message"]
     assert not plan.create and plan.requeue_after == STORAGE_RETRY_SECONDS
 
@@ -334,7 +347,7 @@ def test_a_pickle_bomb_in_a_bucket_costs_one_worker_not_the_operator(
         started = time.monotonic()
         bombed = p.discover(f"s3://{BUCKET_A}/bomb/job", "tenant-a")
         assert time.monotonic() - started < 30 + SLACK
-        assert bombed.reason == layout.REASON_DISCOVERY_FAILED and "memory" in (bombed.error or ""), bombed
+        assert bombed.reason == REASON_DISCOVERY_FAILED and "memory" in (bombed.error or ""), bombed
         fine = timed(p, f"s3://{BUCKET_A}/bomb/fine", "tenant-a")
         assert fine.latest is not None and fine.latest.step == 1, fine
     finally:
@@ -342,7 +355,7 @@ def test_a_pickle_bomb_in_a_bucket_costs_one_worker_not_the_operator(
 
 
 def test_keys_echoed_by_a_store_are_redacted() -> None:
-    listing = layout.Listing("s3://b/x", None, (layout.Verdict(2, "s3://b/x/AKID", False, "AKID sk/+secret"),),
+    listing = Listing("s3://b/x", None, (Verdict(2, "s3://b/x/AKID", False, "AKID sk/+secret"),),
                              "denied for AKID with sk/+secret")  # fmt: skip
     clean = _redacted(listing, ("AKID", "sk/+secret"))
     assert clean.error == "denied for <redacted> with <redacted>"

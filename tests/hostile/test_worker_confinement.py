@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import layout
+from resilient_contract.storage.errors import REASON_STORAGE_UNREADABLE
 from resilient_operator.discovery import DiscoveryPool
 from resilient_operator.settings import DiscoverySettings
 
@@ -79,6 +79,6 @@ def test_the_pools_workers_are_confined(tree: Path) -> None:
         listing, _ = pool._call(None, str(tree / "var-run-secrets" / "serviceaccount"), "/")
         assert listing.error is not None and "EACCES" in listing.error, listing
         listing, _ = pool._call(None, str(tree / "object-store" / "team-b-keys"), str(tree / "object-store"))
-        assert listing.error is not None and listing.reason == layout.REASON_STORAGE_UNREADABLE, listing
+        assert listing.error is not None and listing.reason == REASON_STORAGE_UNREADABLE, listing
     finally:
         pool.close()

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import completion, layout
+from resilient_contract import completion
+from resilient_contract.storage import METADATA_FILE, check_step, discover, open_store, parse_step_dir, scan
+from resilient_contract.storage.scan import UNBOUNDED_SCAN
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc
@@ -36,24 +38,24 @@ def test_rank_killed_mid_save(launcher: Launcher, tmp_path: Path) -> None:
     print(f"survivors exited {codes} {elapsed:.1f}s after start")
 
     partial = root / "step-0000000004"
-    assert partial.is_dir() and not (partial / layout.METADATA_FILE).exists()
-    store = layout.open_store(str(root))
-    assert not layout.check_step(store, partial.name).complete
-    latest = layout.latest_complete(store)
+    assert partial.is_dir() and not (partial / METADATA_FILE).exists()
+    store = open_store(str(root))
+    assert not check_step(store, partial.name).complete
+    latest = scan(store, UNBOUNDED_SCAN).latest
     assert latest is not None and latest.step == 2, "retention must keep the last complete checkpoint"
     assert completion.read_completed_marker(str(root)) is None
     assert not list(root.glob("step-0000000006")), "no save after the failed one"
 
     # Resume at W=2 from what discovery reports; the partial directory is ignored, then replaced.
-    listing = layout.discover(str(root))
+    listing = discover(str(root))
     assert listing.latest is not None and listing.latest.step == 2
     assert [v.step for v in listing.skipped] == [4]
     resumed = launcher.run(2, [*COMMON, "--checkpoint-root", str(root)],
                            env={"RTJ_RESUME_FROM": listing.latest.path})
     assert parse(resumed.output(), "RTJ_RESUMED") == [{"from": listing.latest.path, "step": "2"}]
     assert parse(resumed.output(), "RTJ_RESULT")[0]["step"] == "8"
-    names = sorted(n for n in os.listdir(root) if layout.parse_step_dir(n) is not None)
+    names = sorted(n for n in os.listdir(root) if parse_step_dir(n) is not None)
     # keep_last=1: newest complete (8) plus the one this attempt resumed from (2).
     assert names == ["step-0000000002", "step-0000000008"]
-    assert all(layout.check_step(store, n).complete for n in names)
+    assert all(check_step(store, n).complete for n in names)
     assert completion.read_completed_marker(str(root)) is not None

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilient_contract import completion, environment, layout, lineage
+from resilient_contract import completion, environment, lineage
+from resilient_contract.storage import StoreReader, check_step, discover, open_store, s3
 from resilient_trainer import retention, storage
 from resilient_trainer.checkpointer import TEST_HOLD_METADATA_ENV, Checkpointer, FencedError
 from resilient_trainer.dist import DistContext
@@ -26,8 +27,8 @@ COMMON = [*SMALL_MODEL, "--global-batch", "12", "--micro-batch", "2", "--steps",
           "--checkpoint-every", "0"]
 
 
-def store(root: S3Root) -> layout.CheckpointStore:
-    return layout.open_store(root.uri)  # fresh per question: an S3Store caches its listings
+def store(root: S3Root) -> StoreReader:
+    return open_store(root.uri)  # fresh per question: an S3Store caches its listings
 
 
 @pytest.mark.timeout(60)
@@ -35,7 +36,7 @@ def test_only_one_writer_claims_a_step_prefix(s3_root: S3Root) -> None:
     """Object stores have no mkdir: the conditional PUT of the writer token decides, even for racing claims."""
     from concurrent.futures import ThreadPoolExecutor
 
-    roots = [storage.S3Root(s3_root.uri) for _ in range(8)]
+    roots = [storage.open_root(s3_root.uri) for _ in range(8)]
     with ThreadPoolExecutor(len(roots)) as pool:
         won = list(pool.map(lambda i: roots[i].claim_step("step-0000000005", lineage.format_writer("job-1", i + 1)),
                             range(len(roots))))
@@ -63,14 +64,14 @@ def test_a_lost_conditional_put_is_recognised() -> None:
         return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
                            "PutObject")
 
-    assert storage._precondition_failed(err("PreconditionFailed", 412))
-    assert storage._precondition_failed(err("ConditionalRequestConflict", 409))
+    assert s3.precondition_failed(err("PreconditionFailed", 412))
+    assert s3.precondition_failed(err("ConditionalRequestConflict", 409))
     try:  # s3fs re-raises botocore's error as an OSError; the cause chain still says why
         raise OSError("translated") from err("PreconditionFailed", 412)
     except OSError as exc:
-        assert storage._precondition_failed(exc)
-    assert not storage._precondition_failed(err("AccessDenied", 403))
-    assert not storage._precondition_failed(OSError("connection refused"))
+        assert s3.precondition_failed(exc)
+    assert not s3.precondition_failed(err("AccessDenied", 403))
+    assert not s3.precondition_failed(OSError("connection refused"))
 
 
 @pytest.mark.timeout(60)
@@ -87,7 +88,7 @@ def test_async_save_to_s3_and_load_back(ctx: DistContext, s3_root: S3Root) -> No
     keys = s3_root.keys("step-0000000007")
     assert "step-0000000007/.metadata" in keys and any(k.endswith(".distcp") for k in keys), keys
     assert not [k for k in keys if k.endswith(".tmp")], keys
-    assert layout.check_step(store(s3_root), "step-0000000007").complete
+    assert check_step(store(s3_root), "step-0000000007").complete
 
     fresh_model, fresh_opt = make(seed=1)
     fresh_ts = TrainState()
@@ -110,7 +111,7 @@ def test_a_fenced_gang_on_s3_is_refused(ctx: DistContext, s3_root: S3Root,  # no
     assert lineage.marker_name("job-1", 1) in s3_root.keys("")
     token = s3_root.fs().cat_file(f"{uri[5:]}/step-0000000010/{lineage.WRITER_FILE}")
     assert token == lineage.format_writer("job-1", 1)
-    assert storage.S3Root(uri).create_exclusive(lineage.marker_name("job-1", 1), b"{}") is False  # If-None-Match
+    assert storage.open_root(uri).create_exclusive(lineage.marker_name("job-1", 1), b"{}") is False  # If-None-Match
 
     # Attempt 1 is caught between its shards and the commit (held); attempt 2 starts from step 10 meanwhile.
     release = Path(s3_root.server.workdir) / f"release-{uri.rsplit('/', 2)[1]}"
@@ -128,12 +129,12 @@ def test_a_fenced_gang_on_s3_is_refused(ctx: DistContext, s3_root: S3Root,  # no
     assert "step-0000000020/.metadata" not in keys and f"step-0000000020/{lineage.REFUSED_FILE}" in keys, keys
     with pytest.raises(FencedError):  # and the cut-off gang's next save is refused up front
         old.save(30)
-    found = layout.discover(uri, job="job-1")  # what the operator sees
+    found = discover(uri, job="job-1")  # what the operator sees
     assert found.latest is not None and found.latest.step == 10, found
 
     assert new.resume() == f"{uri}/step-0000000010"  # attempt 2 loads what it was started from, then saves
     assert new.save(20) == f"{uri}/step-0000000020.a2"  # the cut-off gang's prefix is never shared
-    found = layout.discover(uri, job="job-1")
+    found = discover(uri, job="job-1")
     assert found.latest is not None and found.latest.path.endswith("step-0000000020.a2")
     for c in (old, held, new):
         c.close()
@@ -170,7 +171,7 @@ def test_retention_on_s3_keeps_newest_and_resume_source(ctx: DistContext, s3_roo
     # (asynchronously); until then discovery sees an empty step prefix, i.e. an incomplete one.
     left = sorted({key.split("/", 1)[0] for key in s3_root.keys("") if key.startswith("step-")})
     assert left == ["step-0000000001", "step-0000000003"], left
-    assert [v.step for v in layout.scan_newest_first(store(s3_root)) if v.complete] == [3, 1]
+    assert all(check_step(store(s3_root), name).complete for name in left)
     of_step_2 = [batch for batch in deleted if batch[0].startswith("step-0000000002/")]
     assert of_step_2[0] == ["step-0000000002/.metadata"], deleted  # no longer complete before anything else goes
     assert len(of_step_2) > 1, deleted
@@ -196,7 +197,7 @@ def test_reshard_through_s3_is_bitwise(launcher: Launcher, s3_root: S3Root) -> N
             assert not parse(run.output(), "RTJ_STEP"), "nothing left to train: the load alone is compared"
             assert_bitwise_equal(torch.load(dumps[0], weights_only=False), torch.load(dumps[i], weights_only=False),
                                  f"state after the load at W={world}")
-        latest = layout.latest_complete(layout.open_store(roots[i]))
+        latest = discover(roots[i]).latest
         assert latest is not None and latest.step == STEPS and latest.path == f"{roots[i]}/step-{STEPS:010d}"
         source = latest.path
     marker = s3_root.fs().cat_file(f"{s3_root.uri[5:]}/{completion.COMPLETED_MARKER_FILE}")

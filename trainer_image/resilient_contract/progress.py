@@ -17,16 +17,18 @@ import contextlib
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
+
+from resilient_contract.storage.base import StoreReader
+from resilient_contract.storage.local import LocalStore
 
 DIRNAME = "_RTJ_PROGRESS"  # in the checkpoint root; never matches a step directory
 MAX_REPORT_BYTES = 4096
 # Every number in a report is bounded where it is parsed: what a datetime, an int64 status field and the
 # checkpoint layout can hold. Anything outside is not a report.
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a datetime can hold
-MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout names (layout.STEP_DIGITS)
+MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout names (storage.names.STEP_DIGITS)
 MAX_ATTEMPT = 2**31 - 1
 RANK_DIR_ENV = "RTJ_PROGRESS_DIR"  # set by the launcher for its ranks: a pod-local directory
 TIMEOUT_ENV = "RTJ_PROGRESS_TIMEOUT_SECONDS"  # injected from spec.progressTimeoutSeconds; absent: no watchdog
@@ -87,19 +89,25 @@ def parse_report(raw: bytes, pod: str) -> Report | None:
 
 
 def read_report(checkpoint_root: str, pod: str) -> Report | None:
-    """Read one pod's report without following links or blocking on a FIFO, at most MAX_REPORT_BYTES."""
+    """One pod's report from a mounted root (see `read_report_from`)."""
     try:
-        fd = os.open(report_path(checkpoint_root, pod), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        store = LocalStore(checkpoint_root)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return parse_report(os.read(fd, MAX_REPORT_BYTES + 1), pod)
-    except OSError:
-        return None
+        return read_report_from(store, pod)
     finally:
-        os.close(fd)
+        store.close()
+
+
+def read_report_from(store: StoreReader, pod: str) -> Report | None:
+    """Read one pod's report through the checkpoint store: no link followed below the root, no FIFO opened, at
+    most MAX_REPORT_BYTES; None when there is no valid report."""
+    try:
+        raw = store.read_bytes(f"{DIRNAME}/{pod}.json", MAX_REPORT_BYTES)
+    except OSError:  # a symlink, FIFO, oversize file, missing root...: no report
+        return None
+    return parse_report(raw, pod) if raw is not None else None
 
 
 def write_rank(directory: str, rank: int, step: int, step_seconds: float, now: float) -> None:

@@ -3,7 +3,7 @@ were skipped.
 
 Prints the checkpoint's path on stdout (so `--resume-from "$(python -m resilient_trainer latest DIR)"`
 works) and one `skipped <path>: <reason>` line per newer incomplete directory on stderr. Exit status:
-0 found, 1 none complete (or DIR missing), 2 DIR unreadable. Uses resilient_contract.layout.discover,
+0 found, 1 none complete (or DIR missing), 2 DIR unreadable. Uses resilient_contract.storage.discover,
 the same rule the operator applies. Torch-free.
 """
 
@@ -14,11 +14,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from resilient_contract import layout
+from resilient_contract.storage import discover
 
 
 def latest(root: str) -> int:
-    listing = layout.discover(os.path.abspath(root) if "://" not in root else root)
+    listing = discover(os.path.abspath(root) if "://" not in root else root)
     for verdict in listing.skipped:
         print(f"skipped {verdict.path}: {verdict.reason}", file=sys.stderr)
     if listing.error:
