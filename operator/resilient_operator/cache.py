@@ -254,14 +254,12 @@ class ClusterCache:
         self._notify("workloads", etype, old, new)
 
     def _on_node(self, etype: str, old: Obj | None, new: Obj | None) -> None:
-        obj = new or old
-        assert obj is not None
-        name = obj["metadata"]["name"]
+        name, live = _named(etype, old, new)
         with self._views_lock:
-            if etype == "DELETED" or new is None:
+            if live is None:
                 self._views.pop(name, None)
             else:
-                self._views[name] = views.node_view(new, self._probes.renewed(name))
+                self._views[name] = views.node_view(live, self._probes.renewed(name))
         self._notify("nodes", etype, old, new)
 
     def _regrace(self) -> None:
@@ -273,15 +271,13 @@ class ClusterCache:
         log.info("the Lease watch is back: every node gets a full node-loss timeout from now")
 
     def _on_lease(self, etype: str, old: Obj | None, new: Obj | None) -> None:
-        obj = new or old
-        assert obj is not None
-        name = obj["metadata"]["name"]
+        name, live = _named(etype, old, new)
         with self._views_lock:
-            if etype == "DELETED" or new is None:
+            if live is None:
                 self._probes.forget(name)
                 renewed = None
             else:
-                renew_time = (new.get("spec") or {}).get("renewTime")
+                renew_time = (live.get("spec") or {}).get("renewTime")
                 if not self._probes.observe(name, renew_time if isinstance(renew_time, str) else None,
                                             self.clock.now()):
                     return  # unchanged (a re-list, or a holder change): not a renewal, nothing to tell
@@ -290,3 +286,10 @@ class ClusterCache:
             if view is not None:
                 self._views[name] = dataclasses.replace(view, lease_renewed=renewed)
         self._notify("leases", etype, old, new)
+
+
+def _named(etype: str, old: Obj | None, new: Obj | None) -> tuple[str, Obj | None]:
+    """A cluster-scoped object's name, and the object as it is now (None: it is gone)."""
+    obj = new or old
+    assert obj is not None
+    return obj["metadata"]["name"], None if etype == "DELETED" else new

@@ -40,19 +40,6 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
-PENDING = Phase.PENDING
-STARTING = Phase.STARTING
-RUNNING = Phase.RUNNING
-RESTARTING = Phase.RESTARTING
-WAITING_FOR_CAPACITY = Phase.WAITING_FOR_CAPACITY
-BACKING_OFF = Phase.BACKING_OFF
-SUSPENDED = Phase.SUSPENDED
-QUEUED = Phase.QUEUED
-SUCCEEDED = Phase.SUCCEEDED
-FAILED = Phase.FAILED
-TERMINAL_PHASES = frozenset({SUCCEEDED, FAILED})
-
-
 # Condition types (positive polarity, Kubernetes conventions).
 class ConditionType(StrEnum):
     """status.conditions[].type."""
@@ -69,18 +56,6 @@ class ConditionType(StrEnum):
     QUEUED = "Queued"  # True while a Kueue-managed job waits for its Workload to be admitted
 
 
-COND_RUNNING = ConditionType.RUNNING
-COND_RECOVERING = ConditionType.RECOVERING
-COND_CAPACITY = ConditionType.CAPACITY
-COND_STORAGE = ConditionType.STORAGE
-COND_SUSPENDED = ConditionType.SUSPENDED
-COND_SUCCEEDED = ConditionType.SUCCEEDED
-COND_FAILED = ConditionType.FAILED
-COND_NODES_REPORTING = ConditionType.NODES_REPORTING
-COND_SPEC_VALID = ConditionType.SPEC_VALID
-COND_QUEUED = ConditionType.QUEUED
-
-
 # Failure kinds and the budgets they spend.
 class FailureKind(StrEnum):
     """What broke (or stopped) an attempt: status.lastFailure.kind, the budget it spends, the goodput bucket."""
@@ -89,12 +64,6 @@ class FailureKind(StrEnum):
     APPLICATION = "Application"
     HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
     PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
-
-
-INFRASTRUCTURE = FailureKind.INFRASTRUCTURE
-APPLICATION = FailureKind.APPLICATION
-HANG = FailureKind.HANG
-PLANNED = FailureKind.PLANNED
 
 
 # Reasons: used in conditions, events, status.lastFailure and history.
@@ -147,6 +116,31 @@ class Reason(StrEnum):
     CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
 
 
+# The vocabularies above under the flat names the code has always used (c.RUNNING, c.COND_QUEUED, ...).
+PENDING = Phase.PENDING
+STARTING = Phase.STARTING
+RUNNING = Phase.RUNNING
+RESTARTING = Phase.RESTARTING
+WAITING_FOR_CAPACITY = Phase.WAITING_FOR_CAPACITY
+BACKING_OFF = Phase.BACKING_OFF
+SUSPENDED = Phase.SUSPENDED
+QUEUED = Phase.QUEUED
+SUCCEEDED = Phase.SUCCEEDED
+FAILED = Phase.FAILED
+COND_RUNNING = ConditionType.RUNNING
+COND_RECOVERING = ConditionType.RECOVERING
+COND_CAPACITY = ConditionType.CAPACITY
+COND_STORAGE = ConditionType.STORAGE
+COND_SUSPENDED = ConditionType.SUSPENDED
+COND_SUCCEEDED = ConditionType.SUCCEEDED
+COND_FAILED = ConditionType.FAILED
+COND_NODES_REPORTING = ConditionType.NODES_REPORTING
+COND_SPEC_VALID = ConditionType.SPEC_VALID
+COND_QUEUED = ConditionType.QUEUED
+INFRASTRUCTURE = FailureKind.INFRASTRUCTURE
+APPLICATION = FailureKind.APPLICATION
+HANG = FailureKind.HANG
+PLANNED = FailureKind.PLANNED
 REASON_NODE_LOST = Reason.NODE_LOST
 REASON_NODE_NOT_READY = Reason.NODE_NOT_READY
 REASON_NODE_UNREACHABLE = Reason.NODE_UNREACHABLE
@@ -191,6 +185,7 @@ REASON_REQUEUED_TO_GROW = Reason.REQUEUED_TO_GROW
 REASON_QUOTA_RELEASED = Reason.QUOTA_RELEASED
 REASON_KUEUE_UNAVAILABLE = Reason.KUEUE_UNAVAILABLE
 REASON_CREATE_REJECTED = Reason.CREATE_REJECTED
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 # Notice taints of well-known termination handlers, checked against their sources:
 # - Kubernetes: `node.kubernetes.io/unschedulable` (node-lifecycle controller, on a cordoned node).

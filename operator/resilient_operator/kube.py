@@ -48,6 +48,17 @@ def _raw(response: Any) -> Any:
     return json.loads(response.data)
 
 
+def _lease_or_none(expected: tuple[int, ...], call: Callable[[], Any]) -> dict[str, Any] | None:
+    """The Lease a call returned, or None when it failed with one of the `expected` statuses (gone, or
+    another replica got there first): leader.py decides what that means."""
+    try:
+        return dict(_raw(call()))
+    except ApiException as exc:
+        if exc.status in expected:
+            return None
+        raise
+
+
 class Kube:
     """Thin, typed wrappers over the calls the controller needs."""
 
@@ -67,33 +78,18 @@ class Kube:
 
     # the leader Lease (leader.py decides; these only call) ----------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return dict(_raw(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False,
-                                                                     _request_timeout=LEASE_TIMEOUT)))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _lease_or_none((404,), lambda: self.coordination.read_namespaced_lease(
+            name, namespace, _preload_content=False, _request_timeout=LEASE_TIMEOUT))
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The Lease created, or None if one exists already (another replica created it first)."""
-        try:
-            return dict(_raw(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False,
-                                                                       _request_timeout=LEASE_TIMEOUT)))
-        except ApiException as exc:
-            if exc.status == 409:
-                return None
-            raise
+        return _lease_or_none((409,), lambda: self.coordination.create_namespaced_lease(
+            namespace, body, _preload_content=False, _request_timeout=LEASE_TIMEOUT))
 
     def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Update guarded by body's resourceVersion; None on a conflict (another replica wrote first)."""
-        try:
-            return dict(_raw(self.coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False,
-                                                                        _request_timeout=LEASE_TIMEOUT)))
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return None
-            raise
+        return _lease_or_none((404, 409), lambda: self.coordination.replace_namespaced_lease(
+            name, namespace, body, _preload_content=False, _request_timeout=LEASE_TIMEOUT))
 
     # writes ----------------------------------------------------------------------------------
     def write_status(self, job: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
