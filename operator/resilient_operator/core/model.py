@@ -85,8 +85,8 @@ class Job:
 class LaunchResume:
     """What a pod's annotations say its attempt resumed from (to be re-checked against the job's root)."""
 
-    path: str
-    step: int
+    path: str  # the resume-from annotation: a step directory
+    step: int  # the resume-step annotation
 
 
 @dataclass(frozen=True)

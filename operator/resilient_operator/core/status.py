@@ -13,15 +13,15 @@ from typing import TypedDict
 class Restarts(TypedDict, total=False):
     """Restarts spent per budget (core/budgets.py): infrastructure (hangs too), application, planned."""
 
-    infrastructure: int
-    application: int
-    planned: int
+    infrastructure: int  # node loss, eviction, preemption, hangs: spec.failurePolicy.maxInfrastructureRestarts
+    application: int  # a non-zero exit with no infrastructure cause: maxApplicationRestarts, with backoff
+    planned: int  # resume, drain, grow back, re-admission: no limit
 
 
 class CheckpointRef(TypedDict, total=False):
     """A complete checkpoint: status.latestCheckpoint, status.resumedFrom."""
 
-    path: str
+    path: str  # <root>/step-<10 digits>
     step: int
 
 
@@ -109,17 +109,17 @@ class Goodput(TypedDict, total=False):
 class GrowBack(TypedDict, total=False):
     """Capacity is back: grow to `replicas` at the first checkpoint after `sinceStep` (core/growback.py)."""
 
-    replicas: int
-    sinceStep: int
+    replicas: int  # the size capacity allows now
+    sinceStep: int  # the newest checkpoint when it was noticed: the restart waits for a newer one
 
 
 class KueueStatus(TypedDict, total=False):
     """A Kueue-managed job's Workload and admission (core/queueing.py)."""
 
     queueName: str
-    workload: str
-    generation: int
-    replace: bool
+    workload: str  # the Workload's name (<job>-<generation>)
+    generation: int  # bumped each time the Workload is replaced by a new one
+    replace: bool  # the Workload asks for the wrong size: delete it once the gang is gone, then recreate
     admittedReplicas: int
     clusterQueue: str
     flavors: dict[str, str]
@@ -128,7 +128,7 @@ class KueueStatus(TypedDict, total=False):
 class LateWrite(TypedDict, total=False):
     """A checkpoint a fenced attempt's gang saved after it was fenced."""
 
-    step: int
+    step: int  # the newest step it saved after the fence
     path: str
     time: str
 
