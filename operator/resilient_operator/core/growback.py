@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
+
+
+class Action(StrEnum):
+    """What to do about growing back this pass."""
+
+    NONE = "none"  # no target: clear any pending status.growBack
+    NOTICE = "notice"  # capacity is back: record the target
+    WAIT = "wait"  # for a checkpoint newer than the notice
+    RESTART = "restart"  # restart larger now
 
 
 @dataclass(frozen=True)
 class Grow:
-    action: str  # "none" (no target: clear any pending), "notice" (record the target), "wait", "restart"
+    action: Action
     target: int | None = None
 
     def message(self, running: int, from_step: str) -> str:
@@ -24,7 +34,7 @@ class Grow:
         return f"growing {running} -> {self.target} workers from {from_step}"
 
 
-NONE, NOTICE, WAIT, RESTART = "none", "notice", "wait", "restart"
+NONE, NOTICE, WAIT, RESTART = Action.NONE, Action.NOTICE, Action.WAIT, Action.RESTART
 
 
 def decide(running: int, target: int | None, latest_step: int, pending: Mapping[str, Any] | None) -> Grow:

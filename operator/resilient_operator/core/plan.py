@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+EventType = Literal["Normal", "Warning"]  # Kubernetes' event types
 
 # A manifest rendered when the shell is about to create it, not before: a gang of N pods never sits in
 # memory as N deep copies of the template at once.
@@ -18,7 +20,7 @@ Render = Callable[[], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # "Normal" | "Warning"
+    type: EventType
     reason: str
     message: str
 

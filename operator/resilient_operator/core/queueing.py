@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from resilient_operator import constants as c
@@ -37,14 +38,22 @@ REQUEUED, PODS_READY = "Requeued", "PodsReady"
 # Evictions after which Kueue's own jobs are requeued at once (Requeued=True); others wait for Kueue.
 REQUEUE_AT_ONCE = frozenset({"Preempted", "NodeFailures"})
 
-HOLD, STOP, RUN = "hold", "stop", "run"
+class Action(StrEnum):
+    """What Kueue's state means for the job."""
+
+    HOLD = "hold"  # wait for admission
+    STOP = "stop"  # evicted: stop the gang gracefully, then release the quota
+    RUN = "run"  # admitted
+
+
+HOLD, STOP, RUN = Action.HOLD, Action.STOP, Action.RUN
 
 
 @dataclass(frozen=True)
 class Gate:
     """May the job run? `held` workers at most (RUN), with `admission`; otherwise why not."""
 
-    action: str  # HOLD (wait for admission), STOP (evicted: stop, then release), RUN
+    action: Action
     reason: str
     message: str
     held: int = 0

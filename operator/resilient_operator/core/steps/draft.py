@@ -31,7 +31,7 @@ from resilient_operator.core import (
 )
 from resilient_operator.core.conditions import set_condition
 from resilient_operator.core.model import Job, NodeView, OperatorConfig, Placement, PodView, Progress, WorkloadView
-from resilient_operator.core.plan import Event, Plan, Render
+from resilient_operator.core.plan import Event, EventType, Plan, Render
 from resilient_operator.core.status import JobStatus
 from resilient_operator.core.timeutil import fmt
 
@@ -124,7 +124,7 @@ class Draft:
     def set_phase(self, phase: str) -> None:
         self.status["phase"] = phase
 
-    def event(self, etype: str, reason: str, message: str) -> None:
+    def event(self, etype: EventType, reason: str, message: str) -> None:
         self.plan.events.append(Event(etype, reason, message))
 
     def condition(self, ctype: str, value: bool, reason: str, message: str) -> bool:
