@@ -3,33 +3,33 @@ from which step it resumed (the lineage record checkpoint fencing tokens are che
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from resilient_operator import constants as c
 from resilient_operator.core.model import PodView
+from resilient_operator.core.status import HistoryEntry, JobStatus
 
 
-def open_entry(status: MutableMapping[str, Any], attempt: int, replicas: int, resumed_step: int | None,
-               ts: str) -> None:
-    history: list[dict[str, Any]] = status.setdefault("history", [])
+def open_entry(status: JobStatus, attempt: int, replicas: int, resumed_step: int | None, ts: str) -> None:
+    history = status.setdefault("history", [])
     if history and history[-1].get("attempt") == attempt:
         return
-    entry: dict[str, Any] = {"attempt": attempt, "replicas": replicas, "startTime": ts}
+    entry: HistoryEntry = {"attempt": attempt, "replicas": replicas, "startTime": ts}
     if resumed_step is not None:
         entry["resumedFromStep"] = resumed_step
     history.append(entry)
     del history[: max(0, len(history) - c.HISTORY_LIMIT)]
 
 
-def close_entry(status: Mapping[str, Any], attempt: int, reason: str, ts: str) -> None:
+def close_entry(status: JobStatus, attempt: int, reason: str, ts: str) -> None:
     history = status.get("history") or []
     if history and history[-1].get("attempt") == attempt and "endTime" not in history[-1]:
         history[-1]["endTime"] = ts
         history[-1]["endReason"] = reason
 
 
-def record_nodes(status: Mapping[str, Any], attempt: int, pods: Sequence[PodView]) -> None:
+def record_nodes(status: JobStatus, attempt: int, pods: Sequence[PodView]) -> None:
     history = status.get("history") or []
     if history and history[-1].get("attempt") == attempt:
         history[-1]["nodes"] = sorted({p.node_name for p in pods if p.node_name})
@@ -46,7 +46,7 @@ def lineage_starts(status: Mapping[str, Any]) -> list[tuple[int, int | None]]:
     return out
 
 
-def note_late_write(status: Mapping[str, Any], attempt: int, step: int, path: str, ts: str) -> dict[str, Any] | None:
+def note_late_write(status: JobStatus, attempt: int, step: int, path: str, ts: str) -> HistoryEntry | None:
     """Record on the fenced attempt's history entry that its gang kept saving; the entry, if newly noted."""
     for entry in status.get("history") or []:
         if entry.get("attempt") == attempt:
@@ -54,5 +54,5 @@ def note_late_write(status: Mapping[str, Any], attempt: int, step: int, path: st
             if seen and seen.get("step", -1) >= step:
                 return None
             entry["lateWrite"] = {"step": step, "path": path, "time": ts}
-            return entry  # type: ignore[no-any-return]
+            return entry
     return None

@@ -7,17 +7,17 @@ Rewritten when the slowest node changes or every REFRESH_SECONDS, not on every r
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from resilient_operator.core.model import PodView, Progress
+from resilient_operator.core.status import JobStatus, StepProgress
 from resilient_operator.core.timeutil import fmt, parse
 
 REFRESH_SECONDS = 30.0
 
 
-def summarise(status: MutableMapping[str, Any], attempt: int, reports: Sequence[Progress],
+def summarise(status: JobStatus, attempt: int, reports: Sequence[Progress],
               pods: Sequence[PodView], now: datetime) -> None:
     ours = [r for r in reports if r.attempt == attempt and r.step_seconds is not None]
     if not ours:
@@ -30,7 +30,7 @@ def summarise(status: MutableMapping[str, Any], attempt: int, reports: Sequence[
         (now - last).total_seconds() < REFRESH_SECONDS
     ):
         return
-    entry: dict[str, Any] = {"attempt": attempt, "step": min(r.step for r in ours), "slowestPod": slowest.pod,
+    entry: StepProgress = {"attempt": attempt, "step": min(r.step for r in ours), "slowestPod": slowest.pod,
                              "stepSeconds": round(slowest.step_seconds or 0.0, 4), "updatedAt": fmt(now)}
     if node:
         entry["slowestNode"] = node

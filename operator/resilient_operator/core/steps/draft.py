@@ -137,7 +137,7 @@ class Draft:
         self.plan.delete += out.delete
 
     def close_history(self, reason: str) -> None:
-        history.close_entry(self.raw, self.attempt, reason, self._ts)
+        history.close_entry(self.status, self.attempt, reason, self._ts)
 
     def count_planned(self) -> None:
         """One more restart the operator chose (resume, drain, grow back, re-admission): no budget spent."""

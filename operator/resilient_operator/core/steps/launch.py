@@ -90,7 +90,7 @@ def _launch(inp: Inputs, d: Draft, replicas: int) -> None:
     else:
         st.pop("resumedFrom", None)
     d.set_phase(c.STARTING)
-    history.open_entry(d.raw, attempt, replicas, resume.step if resume else None, inp.ts)
+    history.open_entry(d.status, attempt, replicas, resume.step if resume else None, inp.ts)
     goodput.launched(d.raw, inp.now, resume.step if resume else None)
     d.plan.create.append(partial(render.service_manifest, job))
     d.plan.create.append(partial(render.pdb_manifest, job, attempt, replicas))

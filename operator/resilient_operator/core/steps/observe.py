@@ -44,7 +44,7 @@ def adopt_newer_attempt(inp: Inputs, d: Draft) -> None:
         st.pop("resumedFrom", None)
     if d.phase not in c.TERMINAL_PHASES:
         d.set_phase(c.STARTING)
-    history.open_entry(d.raw, newest, st["replicas"], resume.step if resume else None, inp.ts)
+    history.open_entry(d.status, newest, st["replicas"], resume.step if resume else None, inp.ts)
 
 
 def checkpoints(inp: Inputs, d: Draft) -> None:
@@ -65,7 +65,7 @@ def checkpoints(inp: Inputs, d: Draft) -> None:
         st["latestCheckpoint"] = {"path": listing.latest.path, "step": listing.latest.step}
     for verdict in listing.skipped:
         if verdict.fenced_writer is not None and (
-            entry := history.note_late_write(d.raw, verdict.fenced_writer, verdict.step, verdict.path, inp.ts)
+            entry := history.note_late_write(d.status, verdict.fenced_writer, verdict.step, verdict.path, inp.ts)
         ):
             where = f" on node(s) {', '.join(entry['nodes'])}" if entry.get("nodes") else ""
             d.event("Warning", c.REASON_FENCED_WRITER,

@@ -42,7 +42,7 @@ def attempt(inp: Inputs, d: Draft) -> Interruption | None:
         _finish_starting(inp, d, current, replicas)
     grow = None
     if d.phase == c.RUNNING:
-        stragglers.summarise(d.raw, d.attempt, inp.progress, current, inp.now)
+        stragglers.summarise(d.status, d.attempt, inp.progress, current, inp.now)
         if inp.job.spec.elastic.grow_back:
             grow = _grow_back(inp, d, replicas)
     for name in {p.node_name for p in current if p.node_name}:
@@ -89,7 +89,7 @@ def _finish_starting(inp: Inputs, d: Draft, current: Sequence[PodView], replicas
     if not missing and all(p.phase == "Running" for p in current):
         d.set_phase(c.RUNNING)
         goodput.running(d.raw, inp.now)
-        history.record_nodes(d.raw, d.attempt, current)
+        history.record_nodes(d.status, d.attempt, current)
         d.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
         d.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {d.attempt} is running")
         d.event("Normal", c.REASON_ALL_RUNNING, f"attempt {d.attempt}: all {replicas} workers running")
