@@ -1,29 +1,32 @@
-"""Checkpoint benchmark: what a save costs the training loop, and how fast a resharded load is.
+"""Checkpoint benchmark: what a save really costs the training loop, and how fast a resharded load is.
 
-    python bench/checkpoint_bench.py --size-mb 1000 --world-sizes 2,4 --reps 3
-    python bench/checkpoint_bench.py --device cuda --size-mb 8000 --world-sizes 1   # GPU, pinned staging
-    python bench/checkpoint_bench.py --parallel ddp --size-mb 126 --world-sizes 1,2   # a DDP user's baseline
+    python bench/checkpoint_bench.py --sizes-mb 300,1000 --reps 3 --steps 15 --skip-load 2>bench.log
+    python bench/checkpoint_bench.py --sizes-mb 300 --skip-1gb --world-sizes 2,1          # + reshard loads
+    bench/gpu_checkpoint.sh                                                               # CUDA, pinned, NCCL
 
-State: an FSDP2-sharded stack of Linear layers plus AdamW state (params + exp_avg + exp_avg_sq ~= size).
-Per world size W, in one process group, repetitions are interleaved (async, blocking, gather per rep):
-- loop:     THE figure: wall time a save adds to the training loop. Fixed synthetic compute steps run
-            from the save() call until the upload finished; loop = that wall time - steps * (median
-            step time without a save). It includes what "blocked" misses: steps slowed down because
-            staging/upload threads take CPU (or memory bandwidth) from training.
-- async:    Checkpointer.save() with dcp.async_save: blocked = the save() call (directory, state dict,
-            start of background staging) + the time optimizer steps wait for staging to finish (the
-            pre-hook). Fixed synthetic compute steps run while staging/upload are in flight: their median
-            vs steps without a save = slowdown. GB/s staged = all ranks' state / staging duration.
-- blocking: Checkpointer.save(blocking=True) (dcp.save).
-- gather:   get_state_dict(full_state_dict, cpu_offload) to rank 0 + torch.save; the others wait at a
-            barrier, as they would at their next collective.
-- rank0:    (--parallel ddp only) what a DDP script such as nanoGPT's does: rank 0 torch.saves its own
-            replica's model and optimizer state_dict (no gather: every rank holds all of it); the others
-            wait at a barrier. With --parallel ddp the state is replicated: --size-mb is per rank.
-Blocked time is the max over ranks, then the median over repetitions.
-Reshard load N->M (M = the other world size, or N/2 when one is given): Checkpointer.load of the DCP
-checkpoint written at N, vs rank-0 torch.load of the gathered file + per-tensor broadcast + local shard.
-Files are usually in the page cache for both (just written), so this compares CPU/communication cost.
+State: an FSDP2-sharded stack of Linear layers plus AdamW state (params + exp_avg + exp_avg_sq ~= size),
+one state for every variant in one run. Each measurement is a window of --steps training steps with one
+save at its first step; at the window's end the loop waits for the save to be durable (a loop that saves
+every N steps pays that wait at its next save). Variants are interleaved within each rep, in alternating
+order, against a window without a save ("none"), measured in the same rep:
+- gather:       get_state_dict(full_state_dict, cpu_offload) to rank 0 + torch.save + fsync; others wait.
+- ckpt_before:  the Checkpointer with DCP's DefaultStager (UntypedStorage.copy_, GIL held) and the upload
+                in a thread: what shipped before issue 27.
+- ckpt_thread:  the Checkpointer as shipped: Tensor.copy_ staging into reused buffers, thread upload.
+- ckpt_process: the Checkpointer with upload_in="process": a per-rank writer process, shared-memory staging.
+- dcp_thread / dcp_process: plain dcp.async_save (default stager, FileSystemWriter(sync_files=True)).
+Figures per save (medians over reps of the max over ranks):
+- extra:   THE figure: window wall time minus the "none" window's: all the loop pays (blocked time, steps
+           slowed by staging/upload threads taking CPU or the GIL, the wait for durability at the end).
+- blocked: time inside save() + staging waits before optimizer steps + the end-of-window wait. Note
+           `Checkpointer.last_blocked_s` is only the save() call: it understates the cost.
+- durable: save() call -> `.metadata` committed (the upload future done). PSS: peak proportional set size
+           of the rank plus its writer process (shared staging buffers counted once), sampled every 50 ms.
+Two step models: "device" is a MODEL of device compute (the host sleeps --device-step-s with the GIL
+released, as it waits for a GPU); "cpu" is a matmul step that occupies every core. The physical floor:
+this rank's bytes copied once by Tensor.copy_ with all ranks copying at once (memcpy floor).
+Reshard load N->M (without --skip-load): Checkpointer.load of the DCP checkpoint written at N, vs rank-0
+torch.load of the gathered file + per-tensor broadcast + local shard (files in the page cache for both).
 """
 
 from __future__ import annotations
@@ -36,17 +39,19 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch import nn
 
 from resilient_trainer import dist as rdist
-from resilient_trainer import parallel
+from resilient_trainer import parallel, staging
 from resilient_trainer.checkpointer import Checkpointer
 from resilient_trainer.state import TrainState
 
@@ -81,12 +86,19 @@ def local_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
 
 
 def compute_step(x: torch.Tensor) -> float:
-    """A fixed synthetic training step (the real loop's compute), timed."""
+    """A fixed synthetic CPU-bound training step (the real loop's compute), timed."""
     t0 = time.perf_counter()
     for _ in range(8):
         x = torch.tanh(x @ x) * 0.5
     if x.is_cuda:
         torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def device_step(seconds: float) -> float:
+    """A MODEL of a device-bound step: the host waits with the GIL released (as it does for a GPU kernel)."""
+    t0 = time.perf_counter()
+    time.sleep(seconds)
     return time.perf_counter() - t0
 
 
@@ -96,90 +108,221 @@ def max_over_ranks(value: float, ctx: rdist.DistContext) -> float:
     return float(t.item())
 
 
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+class PeakMemory:
+    """Peak PSS (shared staging buffers counted once) of this rank and its writer process, sampled."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval, self.peak_kb = interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            self.peak_kb = max(self.peak_kb, _pss_kb(me) + sum(_pss_kb(c) for c in _children(me)))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+VARIANTS = ("none", "gather", "ckpt_before", "ckpt_thread", "ckpt_process", "dcp_thread", "dcp_process")
+LABELS = {
+    "gather": "gather + torch.save on rank 0",
+    "ckpt_before": "Checkpointer before (DefaultStager, thread upload)",
+    "ckpt_thread": "Checkpointer, Tensor.copy_ stager, thread upload",
+    "ckpt_process": "Checkpointer, upload_in='process' (writer process, shm)",
+    "dcp_thread": "plain DCP async_save THREAD",
+    "dcp_process": "plain DCP async_save PROCESS",
+}
+
+
+class Saver:
+    """One way of saving, with the same interface for the loop: start(step), before_step(), done(), wait()."""
+
+    def __init__(self, kind: str, model: nn.Module, opt: torch.optim.Optimizer, ctx: rdist.DistContext,
+                 root: Path) -> None:
+        self.kind, self.model, self.opt, self.ctx, self.root = kind, model, opt, ctx, root
+        self.ckpt: Checkpointer | None = None
+        self.future: Any = None
+        self.staging: Any = None
+        self.process: Any = None  # plain DCP PROCESS mode's own helper (swapped with ours around its saves)
+        if kind.startswith("ckpt_"):
+            self.ckpt = Checkpointer(str(root / kind), model, opt, ctx=ctx, train_state=TrainState(), keep_last=1,
+                                     upload_in="process" if kind == "ckpt_process" else "thread")
+            self.ckpt._hook.remove()  # the loop below calls before_step() itself, for every variant alike
+            if kind == "ckpt_before":
+                from torch.distributed.checkpoint.staging import DefaultStager
+
+                assert self.ckpt._stager is not None
+                self.ckpt._stager.close()
+                self.ckpt._stager = DefaultStager(staging.options(ctx.device))  # type: ignore[assignment]
+
+    def start(self, step: int) -> None:
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint import _async_process_executor as dcp_process
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        if self.ckpt is not None:
+            self.ckpt.save(step)
+            self.staging = self.ckpt
+        elif self.kind == "gather":
+            msd, osd = get_state_dict(self.model, self.opt,
+                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.ctx.rank == 0:
+                path = self.root / "full.pt"
+                with open(path, "wb") as f:
+                    torch.save({"model": msd, "optim": osd}, f)
+                    f.flush()
+                    os.fsync(f.fileno())  # durable, as DCP's FileSystemWriter(sync_files=True) is
+            dist.barrier(group=self.ctx.checkpoint_group)
+        elif self.kind.startswith("dcp_"):
+            msd, osd = get_state_dict(self.model, self.opt)
+            path = self.root / self.kind / f"step-{step:010d}"
+            if self.kind == "dcp_process":
+                ours, dcp_process._CHECKPOINT_PROCESS = dcp_process._CHECKPOINT_PROCESS, self.process
+                self.ours = ours
+            out = dcp.async_save(
+                {"model": msd, "optim": osd}, storage_writer=FileSystemWriter(str(path), sync_files=True),
+                process_group=self.ctx.checkpoint_group,
+                async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.kind == "dcp_process"
+                                         else AsyncCheckpointerType.THREAD))
+            self.future = out.upload_completion if hasattr(out, "upload_completion") else out
+
+    def before_step(self) -> None:
+        """What an optimizer step pre-hook must wait for: the staging copy."""
+        if self.ckpt is not None:
+            self.ckpt.wait_staged()
+
+    def done(self) -> bool:
+        if self.ckpt is not None:
+            inflight = self.ckpt._inflight
+            return inflight is None or inflight[1].done()
+        return self.future is None or self.future.done()
+
+    def wait(self) -> None:
+        from torch.distributed.checkpoint import _async_process_executor as dcp_process
+
+        if self.ckpt is not None:
+            self.ckpt.wait()
+            self.ckpt.join_retention()
+        elif self.future is not None:
+            self.future.result()
+            self.future = None
+            if self.kind == "dcp_process":
+                self.process, dcp_process._CHECKPOINT_PROCESS = dcp_process._CHECKPOINT_PROCESS, self.ours
+            shutil.rmtree(self.root / self.kind, ignore_errors=True)  # keep one, as keep_last=1 does
+
+    def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.close()
+
+
+def run_window(saver: Saver, step: int, steps: int, step_fn: Any, ctx: rdist.DistContext) -> dict[str, float]:
+    """`steps` training steps with one save at the first; the loop then waits for durability (what a loop
+    that saves every `steps` steps pays). Returns wall time, blocked time, time to durable, peak PSS."""
+    dist.barrier(group=ctx.checkpoint_group)
+    blocked = durable = 0.0
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        if saver.kind != "none":
+            saver.start(step)
+        blocked = time.perf_counter() - t0
+        for _ in range(steps):
+            b0 = time.perf_counter()
+            saver.before_step()
+            blocked += time.perf_counter() - b0
+            step_fn()
+            if not durable and saver.done():
+                durable = time.perf_counter() - t0
+        b0 = time.perf_counter()
+        saver.wait()  # not durable yet after `steps` steps: the next save would wait here
+        blocked_end = time.perf_counter() - b0
+        wall = time.perf_counter() - t0
+        durable = durable or wall
+    return {"wall": wall, "blocked": blocked + blocked_end, "durable": durable, "pss_mb": mem.peak_kb / 1024}
+
+
+def memcpy_floor(local: int, ctx: rdist.DistContext, reps: int) -> float:
+    """The staging copy's physical floor: this rank's bytes copied by Tensor.copy_, all ranks at once."""
+    cuda = ctx.device.type == "cuda"  # then: device -> pinned host memory, as staging copies
+    src = torch.empty(local, dtype=torch.uint8, device=ctx.device).fill_(1)
+    dst = torch.empty(local, dtype=torch.uint8, pin_memory=cuda)
+    dst.copy_(src)  # fault the pages in
+    times = []
+    for _ in range(reps):
+        dist.barrier(group=ctx.checkpoint_group)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+        times.append(max_over_ranks(time.perf_counter() - t0, ctx))
+    return statistics.median(times)
+
+
 def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) -> dict[str, Any]:
     model, opt = build(args.size_mb, ctx, args.parallel)
-    ckpt = Checkpointer(
-        str(workdir / f"dcp-w{ctx.world_size}"), model, opt, ctx=ctx, train_state=TrainState(), keep_last=1,
-        upload_niceness=args.upload_niceness,
-    )
+    variants = [v for v in VARIANTS if v == "none" or v in args.variants.split(",")]
+    savers = {v: Saver(v, model, opt, ctx, workdir / f"w{ctx.world_size}") for v in variants}
     x = torch.randn(args.compute_dim, args.compute_dim, device=ctx.device) * 0.01
-    for _ in range(2):
-        compute_step(x)
-    res: dict[str, list[float]] = {
-        k: []
-        for k in ("loop", "async", "call", "staging", "blocking", "gather", "rank0", "upload", "idle_step",
-                  "busy_step")
-    }
+    step_models = {"cpu": lambda: compute_step(x), "device": lambda: device_step(args.device_step_s)}
+    out: dict[str, Any] = {"world_size": ctx.world_size, "local_bytes": local_bytes(model, opt), "rows": {}}
     step = 0
-    full_file = workdir / f"full-w{ctx.world_size}.pt"
-    for rep in range(args.reps + 1):  # rep 0 warms up (allocates the stager's buffers)
-        step += 1
-        dist.barrier(group=ctx.checkpoint_group)
-        idle = statistics.median(compute_step(x) for _ in range(5))
-        t0 = time.perf_counter()
-        ckpt.save(step)
-        blocked = call = time.perf_counter() - t0
-        staged_at = [time.perf_counter()]
-        if ckpt._staging is not None:  # background staging: note when the copy finished
-            ckpt._staging[1].add_done_callback(lambda _f, marks=staged_at: marks.append(time.perf_counter()))
-        busy = []
-        while True:
-            inflight = ckpt._inflight
-            if inflight is None or inflight[1].done():
-                break
-            busy.append(compute_step(x))
-            ckpt.wait_staged()  # what the optimizer step pre-hook does before parameters change
-        ckpt.wait()
-        loop = time.perf_counter() - t0 - len(busy) * idle
-        blocked += ckpt.staging_wait_s
-        staging = staged_at[-1] - t0
-        upload = time.perf_counter() - t0
-        if rep:
-            res["loop"].append(max_over_ranks(loop, ctx))
-            res["async"].append(max_over_ranks(blocked, ctx))
-            res["staging"].append(max_over_ranks(staging, ctx))
-            res["call"].append(max_over_ranks(call, ctx))
-            res["upload"].append(max_over_ranks(upload, ctx))
-            res["idle_step"].append(idle)
-            if busy:
-                res["busy_step"].append(statistics.median(busy))
-
-        step += 1
-        dist.barrier(group=ctx.checkpoint_group)
-        t0 = time.perf_counter()
-        ckpt.save(step, blocking=True)
-        if rep:
-            res["blocking"].append(max_over_ranks(time.perf_counter() - t0, ctx))
-
+    for model_name in args.step_models.split(","):
+        fn = step_models[model_name]
+        figures: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+        for rep in range(args.reps + 1):  # rep 0 warms up: buffers, the writer processes
+            order = variants if rep % 2 == 0 else variants[::-1]  # interleaved, alternating order
+            for v in order:
+                step += 1
+                res = run_window(savers[v], step, args.steps, fn, ctx)
+                if rep:
+                    figures[v].append({k: max_over_ranks(val, ctx) for k, val in res.items()})
+        base = statistics.median(r["wall"] for r in figures["none"])
+        out["rows"][model_name] = {
+            v: {"extra": statistics.median(r["wall"] for r in rs) - base,
+                **{k: statistics.median(r[k] for r in rs) for k in ("blocked", "durable", "pss_mb")}}
+            for v, rs in figures.items()
+        }
+        out["rows"][model_name]["none"]["step_s"] = base / args.steps
+    out["memcpy_s"] = memcpy_floor(out["local_bytes"], ctx, 5)
+    for saver in savers.values():
+        saver.close()
+    out["checkpoint"] = savers["ckpt_thread"].ckpt.last_saved if "ckpt_thread" in savers else None  # type: ignore[union-attr]
+    full_file = workdir / f"full-w{ctx.world_size}.pt"  # the gathered file for the load phase
+    if not args.skip_load:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        dist.barrier(group=ctx.checkpoint_group)
-        t0 = time.perf_counter()
         msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if ctx.rank == 0:
             torch.save({"model": msd, "optim": osd}, full_file)
-        del msd, osd
-        dist.barrier(group=ctx.checkpoint_group)
-        if rep:
-            res["gather"].append(max_over_ranks(time.perf_counter() - t0, ctx))
-
-        if args.parallel == "ddp":  # nanoGPT's checkpoint: rank 0 saves its replica, nobody gathers
-            dist.barrier(group=ctx.checkpoint_group)
-            t0 = time.perf_counter()
-            if ctx.rank == 0:
-                inner = model.module  # type: ignore[union-attr]
-                torch.save({"model": inner.state_dict(), "optimizer": opt.state_dict()}, full_file)
-            dist.barrier(group=ctx.checkpoint_group)
-            if rep:
-                res["rank0"].append(max_over_ranks(time.perf_counter() - t0, ctx))
-    ckpt.close()
-    return {
-        "world_size": ctx.world_size,
-        "local_bytes": local_bytes(model, opt),
-        "checkpoint": ckpt.last_saved,
-        "full_file": str(full_file),
-        **{k: statistics.median(v) if v else float("nan") for k, v in res.items()},
-    }
+    out["full_file"] = str(full_file)
+    return out
 
 
 @torch.no_grad()
@@ -252,88 +395,79 @@ def spawn(world_size: int, args: argparse.Namespace, job: dict[str, Any]) -> dic
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mb", type=float, default=1000.0, help="model + optimizer state, all ranks together")
-    p.add_argument("--world-sizes", default="2,4")
+    p.add_argument("--sizes-mb", default="300,1000", help="model + optimizer state, all ranks together")
+    p.add_argument("--skip-1gb", action="store_true", help="drop sizes >= 1000 MB (for speed)")
+    p.add_argument("--world-sizes", default="2")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20, help="training steps per save (the loop saves every N)")
+    p.add_argument("--step-models", default="device,cpu",
+                   help="device: a MODEL of device compute (the host waits --device-step-s, GIL released); "
+                        "cpu: a CPU-bound matmul step on every core")
+    p.add_argument("--device-step-s", type=float, default=0.1)
+    p.add_argument("--variants", default=",".join(VARIANTS[1:]))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--compute-dim", type=int, default=384, help="size of the synthetic compute step")
-    p.add_argument("--upload-niceness", type=int, default=None,
-                   help="Checkpointer(upload_niceness=...): 0 = upload threads at training priority "
-                        "(the old behaviour); default: the Checkpointer's default")
-    p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp",
-                   help="ddp: a replicated model, and the rank-0 torch.save baseline (no gather)")
+    p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp")
     p.add_argument("--skip-load", action="store_true", help="only the save figures")
     p.add_argument("--workdir", default=None, help="where checkpoints go (default: a temp dir, removed)")
     args = p.parse_args()
-    if args.upload_niceness is None:
-        from resilient_trainer.checkpointer import DEFAULT_UPLOAD_NICENESS
-
-        args.upload_niceness = DEFAULT_UPLOAD_NICENESS
-    sizes = [int(w) for w in args.world_sizes.split(",")]
+    sizes = [float(s) for s in args.sizes_mb.split(",") if not (args.skip_1gb and float(s) >= 1000)]
+    worlds = [int(w) for w in args.world_sizes.split(",")]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rtj-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs",
+          flush=True)
     rows, loads = [], []
     try:
-        for w in sizes:
-            rows.append(
-                spawn(w, args, {"kind": "save", "workdir": str(workdir), "result": str(workdir / f"s{w}.json")})
-            )
-        for row in [] if args.skip_load or args.parallel == "ddp" else rows:
-            n = row["world_size"]
-            others = [m for m in sizes if m != n] or [max(1, n // 2)]
-            for m in others:
-                res = spawn(
-                    m,
-                    args,
-                    {
-                        "kind": "load",
-                        "checkpoint": row["checkpoint"],
-                        "full_file": row["full_file"],
-                        "result": str(workdir / f"l{n}-{m}.json"),
-                    },
-                )
-                loads.append((n, m, res))
+        for size in sizes:
+            args.size_mb = size
+            for w in worlds:
+                row = spawn(w, args, {"kind": "save", "workdir": str(workdir / f"{size:.0f}"),
+                                      "result": str(workdir / f"s{size:.0f}-{w}.json")})
+                rows.append((size, row))
+                if args.skip_load or args.parallel == "ddp" or not row.get("checkpoint"):
+                    continue
+                for m in [m for m in worlds if m != w] or [max(1, w // 2)]:
+                    res = spawn(m, args, {"kind": "load", "checkpoint": row["checkpoint"],
+                                          "full_file": row["full_file"],
+                                          "result": str(workdir / f"l{size:.0f}-{w}-{m}.json")})
+                    loads.append((size, w, m, res))
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-
-    print(
-        f"\nstate {args.size_mb:.0f} MB (params + AdamW moments, fp32), {args.parallel}, device {args.device}, "
-        f"{args.reps} interleaved reps, medians, max over ranks, upload niceness {args.upload_niceness}"
-    )
-    print(
-        "loop = wall time one save adds to the training loop (blocked + slower steps while staging/upload "
-        "run); gather = gather + torch.save, all of which the loop pays"
-    )
-    print(f"{'W':>3} {'loop s/save':>11} {'gather+save s':>13} {'gather/loop':>11} {'rank0 save s':>12} "
-          f"{'rank0/loop':>10}")
-    for r in rows:
-        rank0 = r["rank0"]
-        print(f"{r['world_size']:>3} {r['loop']:>11.3f} {r['gather']:>13.3f} {r['gather'] / r['loop']:>11.1f} "
-              f"{rank0:>12.3f} {rank0 / r['loop']:>10.2f}")
-    print(
-        "\nblocked time (second: it misses slower steps): async = save() call + waits for staging at the next "
-        "optimizer steps; call = save() alone"
-    )
-    print(
-        f"{'W':>3} {'async s':>8} {'call s':>7} {'blocking s':>10} {'gather+save s':>13} {'gather/async':>12} "
-        f"{'gather/call':>11} {'blocking/async':>14} {'upload s':>8} {'step ms idle':>12} {'during upload':>13} "
-        f"{'GB/s staged':>11}"
-    )
-    for r in rows:
-        staged = r["local_bytes"] * r["world_size"] / r["staging"] / 1e9
-        print(
-            f"{r['world_size']:>3} {r['async']:>8.4f} {r['call']:>7.4f} {r['blocking']:>10.3f} {r['gather']:>13.3f} "
-            f"{r['gather'] / r['async']:>12.1f} {r['gather'] / r['call']:>11.1f} {r['blocking'] / r['async']:>14.1f} "
-            f"{r['upload']:>8.2f} {r['idle_step'] * 1e3:>12.1f} {r['busy_step'] * 1e3:>13.1f} {staged:>11.2f}"
-        )
-    print(f"\n{'N->M':>6} {'DCP reshard load s':>18} {'rank0 torch.load+bcast s':>24} {'ratio':>6}")
-    for n, m, res in loads:
-        print(
-            f"{f'{n}->{m}':>6} {res['dcp_load']:>18.3f} {res['rank0_load_broadcast']:>24.3f} "
-            f"{res['rank0_load_broadcast'] / res['dcp_load']:>6.2f}"
-        )
+    print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())} (figures taken under this load)")
+    print(f"\n{args.reps} interleaved reps (order alternating), medians of the max over ranks; {args.steps} steps per "
+          f"save; device {args.device}, {args.parallel}")
+    print("extra = loop wall time over the N steps minus the same N steps without saving (what the loop really "
+          "pays per save); blocked = time inside save() + staging waits before optimizer steps + any wait for "
+          "the upload at the end of the window; durable = save() call -> .metadata committed; PSS = peak of "
+          "rank + its writer process")
+    for size, row in rows:
+        w, local = row["world_size"], row["local_bytes"]
+        memcpy = row["memcpy_s"]
+        for model_name, table in row["rows"].items():
+            label = ("device-modelled step (a MODEL of device compute: the host waits "
+                     f"{args.device_step_s * 1e3:.0f} ms, GIL released)" if model_name == "device"
+                     else "real device step (matmul on the GPU, synchronised)" if args.device == "cuda"
+                     else "CPU-bound step (matmul on every core)")
+            print(f"\n{size:.0f} MB, W={w} ({local / 1e6:.0f} MB per rank), {label}; step "
+                  f"{table['none']['step_s'] * 1e3:.0f} ms; memcpy floor {memcpy:.3f} s per rank, all ranks copying")
+            print(f"{'variant':<58} {'extra s':>8} {'blocked s':>9} {'durable s':>9} {'PSS MB':>7} "
+                  f"{'gather/extra':>12} {'extra/memcpy':>12}")
+            gather = table.get("gather", {}).get("extra", float("nan"))
+            for v, f in table.items():
+                if v == "none":
+                    continue
+                extra = f["extra"]
+                ratio = gather / extra if extra > 0 else float("inf")
+                print(f"{LABELS[v]:<58} {extra:>8.3f} {f['blocked']:>9.3f} {f['durable']:>9.2f} "
+                      f"{f['pss_mb']:>7.0f} {ratio:>12.1f} {extra / memcpy:>12.2f}")
+    if loads:
+        print(f"\n{'MB':>5} {'N->M':>6} {'DCP reshard load s':>18} {'rank0 torch.load+bcast s':>24} {'ratio':>6}")
+    for size, n, m, res in loads:
+        print(f"{size:>5.0f} {f'{n}->{m}':>6} {res['dcp_load']:>18.3f} {res['rank0_load_broadcast']:>24.3f} "
+              f"{res['rank0_load_broadcast'] / res['dcp_load']:>6.2f}")
     return 0
 
 
