@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,15 +118,22 @@ def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, s
     return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name, "namespace": ns}, "spec": body}
 
 
+def scratch_namespace(cluster: ClusterLike, name: str | None = None, prefix: str = "t") -> Iterator[str]:
+    """A fixture's namespace: `name` (or `<prefix>-<random>`) created, ready for pods, deleted afterwards
+    without waiting."""
+    ns = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.wait_for_default_sa(ns)
+    yield ns
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
 def job_namespace(cluster: ClusterLike, request: pytest.FixtureRequest) -> Iterator[str]:
     # readable, and unique per parametrized case (the next case starts while the last one's namespace goes)
     digest = hashlib.sha1(request.node.name.encode()).hexdigest()[:6]
     readable = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:36].strip("-")
     ns = f"t-{readable}-{digest}"
-    cluster.kubectl("create", "namespace", ns)
-    cluster.wait_for_default_sa(ns)
-    yield ns
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    yield from scratch_namespace(cluster, ns)
     if isinstance(cluster, Partitionable):  # a test that froze an agent must not freeze the next
         for node in cluster.partitioned_nodes():
             cluster.heal_node(node)

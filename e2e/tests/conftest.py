@@ -9,7 +9,6 @@ where it means `job_ns`.
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,11 +44,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterLike]:
 @pytest.fixture
 def namespace(cluster: ClusterLike) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards (without waiting)."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.wait_for_default_sa(name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from support.scratch_namespace(cluster)
 
 
 @pytest.fixture(scope="session")

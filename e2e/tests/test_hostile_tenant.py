@@ -14,21 +14,10 @@ from typing import Any
 
 import pytest
 
+from e2e import support
 from e2e.cluster import ClusterLike
 from e2e.localcluster.cluster import wait_for
-from e2e.support import (
-    HOST_DIR,
-    MOUNT,
-    apply,
-    core,
-    events,
-    get_job,
-    job_manifest,
-    job_pods,
-    make_checkpoint,
-    node_of,
-    running_attempt,
-)
+from e2e.support import HOST_DIR, MOUNT
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import environment
 from resilient_operator import constants as c
@@ -40,11 +29,7 @@ pytestmark = [pytest.mark.cluster]
 @pytest.fixture
 def other_namespace(cluster: ClusterLike) -> Iterator[str]:
     """A second tenant's namespace."""
-    name = f"t-other-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.wait_for_default_sa(name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from support.scratch_namespace(cluster, prefix="t-other")
 
 
 def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
@@ -54,7 +39,7 @@ def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
 def wait_condition(cluster: ClusterLike, ns: str, name: str, ctype: str, value: str, reason: str,
                    timeout: float = 60) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
-        cond = condition(get_job(cluster, ns, name).get("status") or {}, ctype)
+        cond = condition(support.get_job(cluster, ns, name).get("status") or {}, ctype)
         return cond if cond and cond["status"] == value and cond.get("reason") == reason else None
 
     return wait_for(check, timeout, f"{ns}/{name} {ctype}={value} ({reason})")
@@ -66,64 +51,65 @@ def test_a_hostile_root_beside_a_healthy_job_that_loses_a_node(cluster: ClusterL
     """Two hostile jobs (a FIFO named .metadata, a pickle bomb) keep the sandbox busy; the healthy job in
     another namespace still recovers from a node loss on time, from its own checkpoint."""
     host = cluster.host_path(HOST_DIR)
-    template = make_checkpoint(host / "templates" / uuid.uuid4().hex[:6], step=1)
+    template = support.make_checkpoint(host / "templates" / uuid.uuid4().hex[:6], step=1)
     for name, attack in (("fifo", attacks.fifo_metadata), ("bomb", attacks.bomb_metadata("million-containers"))):
         root = host / other_namespace / name
         root.mkdir(parents=True)
         attack(template, root)
-        hostile = job_manifest(name, other_namespace, replicas=1, min_replicas=1)
+        hostile = support.job_manifest(name, other_namespace, replicas=1, min_replicas=1)
         # no GPU: with every checkpoint refused, a hostile job rightly starts from scratch (cheaply now), and its
         # pod must not take a GPU the healthy job needs after the node loss (seen in CI: 2 of 3 GPUs taken)
         hostile["spec"]["template"]["spec"]["containers"][0].pop("resources")
-        apply(cluster, hostile)
+        support.apply(cluster, hostile)
     healthy_root = host / namespace / "healthy"
-    make_checkpoint(healthy_root, step=7)
-    apply(cluster, job_manifest("healthy", namespace, replicas=2, min_replicas=1))
-    pods = running_attempt(cluster, namespace, "healthy", 1, 2, timeout=120)
+    support.make_checkpoint(healthy_root, step=7)
+    support.apply(cluster, support.job_manifest("healthy", namespace, replicas=2, min_replicas=1))
+    pods = support.running_attempt(cluster, namespace, "healthy", 1, 2, timeout=120)
     killed_at = time.monotonic()
-    cluster.kill_node(node_of(pods, "1"))
+    cluster.kill_node(support.node_of(pods, "1"))
     def relaunched() -> list[Any] | None:
-        status = get_job(cluster, namespace, "healthy").get("status") or {}
+        status = support.get_job(cluster, namespace, "healthy").get("status") or {}
         if status.get("attempt") != 2 or status.get("phase") != c.RUNNING:
             return None
-        pods = [p for p in job_pods(cluster, namespace, "healthy") if p.metadata.labels[c.LABEL_ATTEMPT] == "2"]
+        pods = [p for p in support.job_pods(cluster, namespace, "healthy") if p.metadata.labels[c.LABEL_ATTEMPT] == "2"]
         return pods if pods and all(p.status.phase == "Running" for p in pods) else None
 
     new = wait_for(relaunched, 90, "the healthy job running again as attempt 2")
     relaunch = time.monotonic() - killed_at
     print(f"\nbeside two hostile roots: node killed -> healthy job running again in {relaunch:.1f}s (timeout 4s)")
     assert relaunch <= 4 + 15  # the node-loss timeout, the settle wait and a discovery deadline at most
-    assert all(p.spec.node_name != node_of(pods, "1") for p in new)
+    assert all(p.spec.node_name != support.node_of(pods, "1") for p in new)
     env = {e.name: e.value for e in new[0].spec.containers[0].env}
     assert env[environment.RESUME_FROM] == f"{MOUNT}/{namespace}/healthy/step-0000000007"
     # the hostile jobs said what was wrong with their roots instead of hanging or crashing anyone
     for name in ("fifo", "bomb"):
-        wait_for(lambda n=name: get_job(cluster, other_namespace, n).get("status", {}).get("phase"), 60, "a phase")
+        wait_for(lambda n=name: support.get_job(cluster, other_namespace, n).get("status", {}).get("phase"), 60,
+                 "a phase")
 
 
 @pytest.mark.timeout(180)
 def test_a_root_in_another_namespaces_area_is_refused(cluster: ClusterLike, namespace: str,
                                                       other_namespace: str) -> None:
     secret = cluster.host_path(HOST_DIR) / other_namespace / "private"
-    make_checkpoint(secret, step=99)
-    job = job_manifest("thief", namespace, replicas=1, min_replicas=1)
+    support.make_checkpoint(secret, step=99)
+    job = support.job_manifest("thief", namespace, replicas=1, min_replicas=1)
     job["spec"]["checkpoint"]["root"] = f"{MOUNT}/{other_namespace}/private"
-    apply(cluster, job)
+    support.apply(cluster, job)
     cond = wait_condition(cluster, namespace, "thief", c.COND_STORAGE, "False", "RootOutsideNamespaceArea")
     assert f"{MOUNT}/{namespace}" in cond["message"] and "99" not in cond["message"]
-    assert job_pods(cluster, namespace, "thief") == []
+    assert support.job_pods(cluster, namespace, "thief") == []
     # the same answer for a path that does not exist: no existence oracle
-    probe = job_manifest("probe", namespace, replicas=1, min_replicas=1)
+    probe = support.job_manifest("probe", namespace, replicas=1, min_replicas=1)
     probe["spec"]["checkpoint"]["root"] = f"{MOUNT}/{other_namespace}/no-such-dir"
-    apply(cluster, probe)
+    support.apply(cluster, probe)
     other = wait_condition(cluster, namespace, "probe", c.COND_STORAGE, "False", "RootOutsideNamespaceArea")
     assert other["message"].replace("probe", "thief") == cond["message"].replace("no-such-dir", "private")
 
 
 @pytest.mark.timeout(240)
 def test_an_impostor_pod_with_the_jobs_labels_is_ignored(cluster: ClusterLike, namespace: str) -> None:
-    apply(cluster, job_manifest("gang", namespace, replicas=2, min_replicas=1))
-    pods = running_attempt(cluster, namespace, "gang", 1, 2)
+    support.apply(cluster, support.job_manifest("gang", namespace, replicas=2, min_replicas=1))
+    pods = support.running_attempt(cluster, namespace, "gang", 1, 2)
     impostor = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "gang-a9-0", "namespace": namespace, "labels": {
@@ -133,19 +119,20 @@ def test_an_impostor_pod_with_the_jobs_labels_is_ignored(cluster: ClusterLike, n
         "spec": {"containers": [{"name": "x", "image": "busybox", "command": ["sleep", "3600"]}],
                  "nodeSelector": {"pool": "train"}, "terminationGracePeriodSeconds": 1},
     }
-    core(cluster).create_namespaced_pod(namespace, impostor)
+    support.core(cluster).create_namespaced_pod(namespace, impostor)
     malformed = {**impostor, "metadata": {**impostor["metadata"], "name": "gang-ax-0",
                                           "labels": {**impostor["metadata"]["labels"], c.LABEL_ATTEMPT: "x"}}}
-    core(cluster).create_namespaced_pod(namespace, malformed)
+    support.core(cluster).create_namespaced_pod(namespace, malformed)
     # The operator reconciles on every pod event; give it a few of them, then the real gang must be intact.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        status = get_job(cluster, namespace, "gang")["status"]
+        status = support.get_job(cluster, namespace, "gang")["status"]
         assert status["attempt"] == 1 and status["phase"] == c.RUNNING, status
         time.sleep(1)
-    names = {p.metadata.name for p in job_pods(cluster, namespace, "gang") if p.metadata.deletion_timestamp is None}
+    names = {p.metadata.name for p in support.job_pods(cluster, namespace, "gang")
+             if p.metadata.deletion_timestamp is None}
     assert {p.metadata.name for p in pods} <= names
-    assert not any("gang-a9" in e or "elsewhere" in e for e in events(cluster, namespace, "gang"))
+    assert not any("gang-a9" in e or "elsewhere" in e for e in support.events(cluster, namespace, "gang"))
 
 
 @pytest.mark.timeout(180)
@@ -160,7 +147,7 @@ def test_an_impostor_pod_with_the_jobs_labels_is_ignored(cluster: ClusterLike, n
 )
 def test_a_template_the_operator_cannot_use_gets_a_condition(cluster: ClusterLike, namespace: str,
                                                              edit: dict[str, Any], field: str) -> None:
-    job = job_manifest("shape", namespace, replicas=1, min_replicas=1)
+    job = support.job_manifest("shape", namespace, replicas=1, min_replicas=1)
     container = job["spec"]["template"]["spec"]["containers"][0]
     container.update(edit)
     if "resources" in edit:
@@ -171,5 +158,5 @@ def test_a_template_the_operator_cannot_use_gets_a_condition(cluster: ClusterLik
         return
     cond = wait_condition(cluster, namespace, "shape", c.COND_SPEC_VALID, "False", c.REASON_INVALID_SPEC)
     assert field in cond["message"]
-    assert job_pods(cluster, namespace, "shape") == []
-    assert any(field in e for e in events(cluster, namespace, "shape"))
+    assert support.job_pods(cluster, namespace, "shape") == []
+    assert any(field in e for e in support.events(cluster, namespace, "shape"))

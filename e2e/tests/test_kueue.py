@@ -15,25 +15,9 @@ from typing import Any
 
 import pytest
 
-from e2e import kueue, scenarios
+from e2e import kueue, scenarios, support
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.support import (
-    CHART,
-    HOST_DIR,
-    MOUNT,
-    OPERATOR_NS,
-    RELEASE,
-    apply,
-    events,
-    get_job,
-    job_manifest,
-    job_pods,
-    make_checkpoint,
-    node_of,
-    running_attempt,
-    wait_operator_ready,
-    wait_phase,
-)
+from e2e.support import CHART, HOST_DIR, MOUNT, OPERATOR_NS, RELEASE
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_operator import constants as c
 from resilient_operator.core.timeutil import parse
@@ -46,7 +30,7 @@ def _operator_with_kueue(cluster: Cluster, on: bool) -> None:
     cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NS, "--reuse-values", "--wait",
                  "--timeout", "120s", "--set", f"kueue.enabled={str(on).lower()}")
     wait_for(lambda: on == any(e.name == "RTJ_KUEUE_ENABLED"
-                               for e in wait_operator_ready(cluster).spec.containers[0].env or []),
+                               for e in support.wait_operator_ready(cluster).spec.containers[0].env or []),
              120, f"the operator with Kueue {'on' if on else 'off'}")
 
 
@@ -107,9 +91,9 @@ def admitted_to_running(cluster: Cluster, ns: str, name: str, replicas: int, att
                         timeout: float = 120) -> float:
     """Seconds from Kueue admitting the job's Workload (its Admitted condition) to all workers running
     (the job's Running condition): both stamped by the controllers, 1 s resolution."""
-    running_attempt(cluster, ns, name, attempt, replicas, timeout=timeout)
+    support.running_attempt(cluster, ns, name, attempt, replicas, timeout=timeout)
     admitted = cond(workload_of(cluster, ns, name), "Admitted")
-    running = cond(get_job(cluster, ns, name), c.COND_RUNNING)
+    running = cond(support.get_job(cluster, ns, name), c.COND_RUNNING)
     assert admitted.get("status") == "True" and running.get("status") == "True"
     return (parse(running["lastTransitionTime"]) - parse(admitted["lastTransitionTime"])).total_seconds()
 
@@ -117,43 +101,45 @@ def admitted_to_running(cluster: Cluster, ns: str, name: str, replicas: int, att
 @pytest.mark.timeout(240)
 def test_two_jobs_compete_for_quota_the_second_waits_queued(with_kueue: Cluster, queues: str) -> None:
     cl, ns = with_kueue, queues
-    apply(cl, queued(job_manifest("first", ns, replicas=3, min_replicas=3, script=until_done(ns, "first")), "team-a"))
+    support.apply(cl, queued(support.job_manifest("first", ns, replicas=3, min_replicas=3,
+                                                  script=until_done(ns, "first")), "team-a"))
     wait_s = admitted_to_running(cl, ns, "first", 3)
-    apply(cl, queued(job_manifest("second", ns, replicas=3, min_replicas=3, script=until_done(ns, "second")),
-                     "team-b"))
-    status = wait_phase(cl, ns, "second", c.QUEUED, timeout=60)
+    support.apply(cl, queued(support.job_manifest("second", ns, replicas=3, min_replicas=3,
+                                                  script=until_done(ns, "second")), "team-b"))
+    status = support.wait_phase(cl, ns, "second", c.QUEUED, timeout=60)
     assert cond({"status": status}, c.COND_QUEUED)["status"] == "True"
     # Kueue looked at it and said no (1 GPU of quota is left, it needs 3): QuotaReserved=False, Pending
     wait_for(lambda: cond(workload_of(cl, ns, "second"), "QuotaReserved").get("reason") == "Pending", 30,
              "Kueue refusing the second job's quota")
-    assert not job_pods(cl, ns, "second") and get_job(cl, ns, "second")["status"]["phase"] == c.QUEUED
+    assert not support.job_pods(cl, ns, "second") and support.get_job(cl, ns, "second")["status"]["phase"] == c.QUEUED
     finish(cl, ns, "first")
-    wait_phase(cl, ns, "first", c.SUCCEEDED, timeout=60)
+    support.wait_phase(cl, ns, "first", c.SUCCEEDED, timeout=60)
     assert cond(workload_of(cl, ns, "first"), "Finished")["status"] == "True"
     second_s = admitted_to_running(cl, ns, "second", 3)
     print(f"\nadmission -> all workers running: first {wait_s:.1f}s, second {second_s:.1f}s")
     wl = workload_of(cl, ns, "second")
     assert wl["metadata"]["ownerReferences"][0]["kind"] == c.KIND
-    assert {p.spec.node_selector.get("pool") for p in job_pods(cl, ns, "second")} == {"train"}  # the flavor
+    assert {p.spec.node_selector.get("pool") for p in support.job_pods(cl, ns, "second")} == {"train"}  # the flavor
     finish(cl, ns, "second")
-    wait_phase(cl, ns, "second", c.SUCCEEDED, timeout=60)
+    support.wait_phase(cl, ns, "second", c.SUCCEEDED, timeout=60)
 
 
 @pytest.mark.timeout(180)
 def test_partial_admission_starts_at_the_minimum_when_quota_is_short(with_kueue: Cluster, queues: str) -> None:
     cl, ns = with_kueue, queues
-    apply(cl, queued(job_manifest("holder", ns, replicas=2, min_replicas=2, script=until_done(ns, "holder")), "team-a"))
-    running_attempt(cl, ns, "holder", 1, 2)
-    apply(cl, queued(job_manifest("elastic", ns, replicas=4, min_replicas=2, script=until_done(ns, "elastic")),
-                     "team-b"))
-    running_attempt(cl, ns, "elastic", 1, 2, timeout=90)
+    support.apply(cl, queued(support.job_manifest("holder", ns, replicas=2, min_replicas=2,
+                                                  script=until_done(ns, "holder")), "team-a"))
+    support.running_attempt(cl, ns, "holder", 1, 2)
+    support.apply(cl, queued(support.job_manifest("elastic", ns, replicas=4, min_replicas=2,
+                                                  script=until_done(ns, "elastic")), "team-b"))
+    support.running_attempt(cl, ns, "elastic", 1, 2, timeout=90)
     wl = workload_of(cl, ns, "elastic")
     assert wl["spec"]["podSets"][0]["count"] == 4 and wl["spec"]["podSets"][0]["minCount"] == 2
     assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
-    assert get_job(cl, ns, "elastic")["status"]["kueue"]["admittedReplicas"] == 2
+    assert support.get_job(cl, ns, "elastic")["status"]["kueue"]["admittedReplicas"] == 2
     for name in ("holder", "elastic"):
         finish(cl, ns, name)
-        wait_phase(cl, ns, name, c.SUCCEEDED, timeout=60)
+        support.wait_phase(cl, ns, name, c.SUCCEEDED, timeout=60)
 
 
 @pytest.mark.timeout(240)
@@ -161,35 +147,35 @@ def test_node_loss_shrinks_an_admitted_job_without_requeue_and_grows_back_by_a_n
     with_kueue: Cluster, queues: str
 ) -> None:
     cl, ns = with_kueue, queues
-    shrink = queued(job_manifest("shrink", ns, replicas=4, min_replicas=2, script=until_done(ns, "shrink"),
+    shrink = queued(support.job_manifest("shrink", ns, replicas=4, min_replicas=2, script=until_done(ns, "shrink"),
                                  badNodeSeconds=0), "team-a")  # the node may be used again once back
-    apply(cl, shrink)
-    pods = running_attempt(cl, ns, "shrink", 1, 4, timeout=90)  # the whole pool and the whole quota
+    support.apply(cl, shrink)
+    pods = support.running_attempt(cl, ns, "shrink", 1, 4, timeout=90)  # the whole pool and the whole quota
     before = workload_of(cl, ns, "shrink")
-    dead = node_of(pods, "1")
+    dead = support.node_of(pods, "1")
     cl.kill_node(dead)
-    running_attempt(cl, ns, "shrink", 2, 3, timeout=90)
+    support.running_attempt(cl, ns, "shrink", 2, 3, timeout=90)
     after = workload_of(cl, ns, "shrink")
     assert after["metadata"]["uid"] == before["metadata"]["uid"]  # the same admission: no requeue
     assert cond(after, "Admitted")["status"] == "True" and cond(after, "Evicted").get("status") != "True"
     assert cond(after, "Admitted")["lastTransitionTime"] == cond(before, "Admitted")["lastTransitionTime"]
     wait_for(lambda: (workload_of(cl, ns, "shrink")["status"].get("reclaimablePods") or [{}])[0].get("count") == 1,
              30, "the lost worker's quota released (reclaimablePods)")
-    status = get_job(cl, ns, "shrink")["status"]
+    status = support.get_job(cl, ns, "shrink")["status"]
     assert status["restarts"]["infrastructure"] == 1 and status["restarts"]["planned"] == 0
     # the node returns: growing past the 3 workers' quota still held asks Kueue for a new admission,
     # at the first checkpoint written after the capacity came back
     cl.restore_node(dead)
-    wait_for(lambda: get_job(cl, ns, "shrink")["status"].get("growBack"), 60, "grow-back noticed")
-    make_checkpoint(scenarios.host_root(cl, shrink), step=10)
-    wait_phase(cl, ns, "shrink", c.QUEUED, timeout=60)
-    running_attempt(cl, ns, "shrink", 3, 4, timeout=90)
+    wait_for(lambda: support.get_job(cl, ns, "shrink")["status"].get("growBack"), 60, "grow-back noticed")
+    support.make_checkpoint(scenarios.host_root(cl, shrink), step=10)
+    support.wait_phase(cl, ns, "shrink", c.QUEUED, timeout=60)
+    support.running_attempt(cl, ns, "shrink", 3, 4, timeout=90)
     regrown = workload_of(cl, ns, "shrink")
     assert regrown["metadata"]["uid"] != before["metadata"]["uid"]  # a new Workload, admitted for 4
     assert regrown["status"]["admission"]["podSetAssignments"][0]["count"] == 4
-    assert get_job(cl, ns, "shrink")["status"]["resumedFrom"]["step"] == 10
+    assert support.get_job(cl, ns, "shrink")["status"]["resumedFrom"]["step"] == 10
     finish(cl, ns, "shrink")
-    wait_phase(cl, ns, "shrink", c.SUCCEEDED, timeout=60)
+    support.wait_phase(cl, ns, "shrink", c.SUCCEEDED, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -236,26 +222,26 @@ def test_high_priority_preempts_low_which_checkpoints_requeues_and_resumes(
     low = scenarios.example_job("low", ns, replicas=2, min_replicas=2, steps=STEPS, step_delay=0.4,
                                 extra_args=(f"--dump-state={MOUNT}/{ns}/low.pt",))
     cl.apply(queued(low, "team-a", "low"))
-    running_attempt(cl, ns, "low", 1, 2, timeout=180)
+    support.running_attempt(cl, ns, "low", 1, 2, timeout=180)
     scenarios.first_complete_checkpoint(cl, low)
-    apply(cl, queued(job_manifest("high", ns, replicas=4, min_replicas=4, script=until_done(ns, "high")),
-                     "team-b", "high"))
-    status = wait_phase(cl, ns, "low", c.QUEUED, timeout=60)
+    support.apply(cl, queued(support.job_manifest("high", ns, replicas=4, min_replicas=4,
+                                                  script=until_done(ns, "high")), "team-b", "high"))
+    status = support.wait_phase(cl, ns, "low", c.QUEUED, timeout=60)
     assert cond({"status": status}, c.COND_QUEUED)["reason"] == "Preempted"
     high_s = admitted_to_running(cl, ns, "high", 4, timeout=120)
-    status = get_job(cl, ns, "low")["status"]
-    assert status["phase"] == c.QUEUED and not job_pods(cl, ns, "low")
+    status = support.get_job(cl, ns, "low")["status"]
+    assert status["phase"] == c.QUEUED and not support.job_pods(cl, ns, "low")
     assert status["restarts"] == {"infrastructure": 0, "application": 0, "planned": 0}  # no budget spent
     saved = status["latestCheckpoint"]["step"]
     finish(cl, ns, "high")
-    wait_phase(cl, ns, "high", c.SUCCEEDED, timeout=60)
+    support.wait_phase(cl, ns, "high", c.SUCCEEDED, timeout=60)
     resumed_s = admitted_to_running(cl, ns, "low", 2, attempt=2, timeout=120)
     print(f"\npreemptor admitted -> running {high_s:.1f}s; preempted job re-admitted -> running {resumed_s:.1f}s")
-    status = get_job(cl, ns, "low")["status"]
+    status = support.get_job(cl, ns, "low")["status"]
     assert status["attempt"] == 2 and status["resumedFrom"]["step"] >= saved
-    final = wait_phase(cl, ns, "low", c.SUCCEEDED, timeout=240)
+    final = support.wait_phase(cl, ns, "low", c.SUCCEEDED, timeout=240)
     assert final["restarts"] == {"infrastructure": 0, "application": 0, "planned": 1}
-    story = events(cl, ns, "low")
+    story = support.events(cl, ns, "low")
     assert any(e.startswith(c.REASON_EVICTED_BY_KUEUE) for e in story), story
     assert any(e.startswith(c.REASON_QUOTA_RELEASED) for e in story), story
     state = torch.load(scenarios.host_root(cl, low).with_suffix(".pt"), weights_only=False)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e import support
 from e2e.cluster import ClusterLike
 from e2e.localcluster.cluster import wait_for
 from e2e.support import HOST_DIR, apply, get_job, job_manifest, job_pods, make_checkpoint, node_of, running_attempt
@@ -32,11 +32,7 @@ SLACK = 2.0  # what the issue allows the noise to cost
 
 @pytest.fixture
 def noisy_namespace(cluster: ClusterLike) -> Iterator[str]:
-    name = f"t-noisy-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.wait_for_default_sa(name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from support.scratch_namespace(cluster, prefix="t-noisy")
 
 
 def costly_rejection(seconds: float) -> bytes:

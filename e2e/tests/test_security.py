@@ -24,31 +24,9 @@ from typing import Any
 
 import pytest
 
+from e2e import support
 from e2e.localcluster.cluster import Cluster, wait_for
-from e2e.support import (
-    CHART,
-    HOST_DIR,
-    MOUNT,
-    OPERATOR_NS,
-    RELEASE,
-    apply,
-    core,
-    events,
-    job_manifest,
-    job_pods,
-    job_status,
-    make_checkpoint,
-    metric_samples,
-    operator_log,
-    operator_metrics,
-    operator_pod,
-    operator_restarts,
-    restart_operators,
-    running_attempt,
-    tiny_job,
-    wait_operator_ready,
-    wait_phase,
-)  # fmt: skip
+from e2e.support import CHART, HOST_DIR, MOUNT, OPERATOR_NS, RELEASE
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import layout
 from resilient_operator import constants as c
@@ -62,7 +40,8 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def reconciles(cl: Cluster) -> float:
-    return sum(v for k, v in metric_samples(operator_metrics(cl), "rtj_reconcile_seconds_count").items())
+    samples = support.metric_samples(support.operator_metrics(cl), "rtj_reconcile_seconds_count")
+    return sum(v for k, v in samples.items())
 
 
 # ---- invalid specs ------------------------------------------------------------------------------------
@@ -71,9 +50,9 @@ def test_invalid_specs_are_rejected_at_apply_naming_the_field(cluster: Cluster, 
     """The offline CEL table (tests/contracts/test_crd.py), replayed against the real API server."""
     failures = []
     cases = [(case, spec, message) for case, spec, message in INVALID]
-    long_name = job_manifest("x" * 41, namespace)
+    long_name = support.job_manifest("x" * 41, namespace)
     for case, spec, message in cases:
-        manifest = job_manifest("bad", namespace, **copy.deepcopy(spec))
+        manifest = support.job_manifest("bad", namespace, **copy.deepcopy(spec))
         res = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(manifest), check=False)
         if res.returncode == 0 or message not in res.stderr:
             failures.append(f"{case}: rc={res.returncode} stderr={res.stderr.strip()[:300]}")
@@ -84,7 +63,7 @@ def test_invalid_specs_are_rejected_at_apply_naming_the_field(cluster: Cluster, 
     for case, patch, field in (("negative replicas", {"replicas": -1}, "spec.replicas"),
                                ("string replicas", {"replicas": "three"}, "spec.replicas"),
                                ("no template", {"template": None}, "spec.template")):  # fmt: skip
-        manifest = job_manifest("bad", namespace)
+        manifest = support.job_manifest("bad", namespace)
         manifest["spec"].update(patch)
         if patch.get("template", 1) is None:
             del manifest["spec"]["template"]
@@ -109,27 +88,27 @@ class _RunsCode:
 @pytest.mark.timeout(240)
 def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     root = cluster.host_path(f"{HOST_DIR}/{namespace}/evil")
-    make_checkpoint(root, step=12)
-    evil = make_checkpoint(root, step=24)
+    support.make_checkpoint(root, step=12)
+    evil = support.make_checkpoint(root, step=24)
     marker = Path(f"/dev/shm/rtj-pwned-{namespace}")  # visible to every pod process and to this test
     marker.unlink(missing_ok=True)
-    restarts = operator_restarts(cluster)
+    restarts = support.operator_restarts(cluster)
     (evil / layout.METADATA_FILE).write_bytes(pickle.dumps(_RunsCode(f"touch {marker}"), protocol=2))
     # the same reader the operator uses, here first: rejected without running
     verdict = layout.check_step(layout.LocalStore(str(root)), "step-0000000024")
     assert not verdict.complete and "unsafe" in verdict.reason and not marker.exists()
 
-    apply(cluster, job_manifest("evil", namespace, replicas=2))
-    pods = running_attempt(cluster, namespace, "evil", 1, 2)
+    support.apply(cluster, support.job_manifest("evil", namespace, replicas=2))
+    pods = support.running_attempt(cluster, namespace, "evil", 1, 2)
     resume = {e.name: e.value for e in pods[0].spec.containers[0].env}.get("RTJ_RESUME_FROM")
     assert resume == f"{MOUNT}/{namespace}/evil/step-0000000012"
-    status = job_status(cluster, namespace, "evil")
+    status = support.job_status(cluster, namespace, "evil")
     assert status["latestCheckpoint"]["step"] == 12 and status["resumedFrom"]["step"] == 12
-    story = wait_for(lambda: [e for e in events(cluster, namespace, "evil")
+    story = wait_for(lambda: [e for e in support.events(cluster, namespace, "evil")
                               if e.startswith(c.REASON_CHECKPOINT_SKIPPED)], 30, "the skip event")  # fmt: skip
     assert "step-0000000024" in story[0] and "unsafe .metadata rejected without running it" in story[0], story
     assert not marker.exists(), "the crafted .metadata ran code"
-    assert operator_restarts(cluster) == restarts
+    assert support.operator_restarts(cluster) == restarts
 
 
 # ---- unreadable checkpoint root ------------------------------------------------------------------------
@@ -138,36 +117,37 @@ def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster,
     host = cluster.host_path(f"{HOST_DIR}/{namespace}/unread")
     host.parent.mkdir(parents=True, exist_ok=True)
     host.write_text("a file where the checkpoint directory should be\n")
-    restarts = operator_restarts(cluster)
-    apply(cluster, job_manifest("unread", namespace, replicas=2))
+    restarts = support.operator_restarts(cluster)
+    support.apply(cluster, support.job_manifest("unread", namespace, replicas=2))
 
     def unreadable() -> dict[str, Any] | None:
-        cond = conditions(job_status(cluster, namespace, "unread")).get(c.COND_STORAGE)
+        cond = conditions(support.job_status(cluster, namespace, "unread")).get(c.COND_STORAGE)
         return cond if cond and cond["status"] == "False" else None
 
     cond = wait_for(unreadable, 60, "CheckpointStorageReady=False")
     assert cond["reason"] == c.REASON_STORAGE_UNREADABLE and "not a directory" in cond["message"], cond
-    status = job_status(cluster, namespace, "unread")
-    assert status["phase"] not in (c.RUNNING, c.STARTING) and not job_pods(cluster, namespace, "unread")
-    wait_for(lambda: any(e.startswith(c.REASON_STORAGE_UNREADABLE) for e in events(cluster, namespace, "unread")),
+    status = support.job_status(cluster, namespace, "unread")
+    assert status["phase"] not in (c.RUNNING, c.STARTING) and not support.job_pods(cluster, namespace, "unread")
+    wait_for(lambda: any(e.startswith(c.REASON_STORAGE_UNREADABLE)
+                         for e in support.events(cluster, namespace, "unread")),
              30, "the StorageUnreadable event")  # fmt: skip
     # the volume is fixed: the job starts on the operator's storage retry timer, no restart needed
     host.unlink()
     host.mkdir()
-    running_attempt(cluster, namespace, "unread", 1, 2, timeout=90)
-    assert conditions(job_status(cluster, namespace, "unread"))[c.COND_STORAGE]["status"] == "True"
-    assert operator_restarts(cluster) == restarts, "the operator crashed on an unreadable root"
+    support.running_attempt(cluster, namespace, "unread", 1, 2, timeout=90)
+    assert conditions(support.job_status(cluster, namespace, "unread"))[c.COND_STORAGE]["status"] == "True"
+    assert support.operator_restarts(cluster) == restarts, "the operator crashed on an unreadable root"
 
 
 # ---- crash loop ----------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
 def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: Cluster, namespace: str) -> None:
     before = reconciles(cluster)
-    restarts = operator_restarts(cluster)
-    manifest = tiny_job("loop", namespace, script="exit 7", replicas=2,
+    restarts = support.operator_restarts(cluster)
+    manifest = support.tiny_job("loop", namespace, script="exit 7", replicas=2,
                         failurePolicy={"maxApplicationRestarts": 2, "applicationBackoffSeconds": 2})  # fmt: skip
-    apply(cluster, manifest)
-    status = wait_phase(cluster, namespace, "loop", c.FAILED, timeout=180)
+    support.apply(cluster, manifest)
+    status = support.wait_phase(cluster, namespace, "loop", c.FAILED, timeout=180)
     assert status["restarts"] == {"infrastructure": 0, "application": 2, "planned": 0}
     assert status["lastFailure"]["exitCode"] == 7 and status["lastFailure"]["kind"] == c.APPLICATION
     assert conditions(status)[c.COND_FAILED]["reason"] == c.REASON_APP_BUDGET
@@ -180,40 +160,40 @@ def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: Cluster
     gaps = [ts(history[i + 1]["startTime"]) - ts(history[i]["endTime"]) for i in range(2)]
     # back-off 2 s then 4 s (timestamps have 1 s resolution)
     assert gaps[0] >= 1 and gaps[1] >= 3, gaps
-    story = wait_for(lambda: (e := events(cluster, namespace, "loop")) and any(
+    story = wait_for(lambda: (e := support.events(cluster, namespace, "loop")) and any(
         x.startswith(c.REASON_APP_BUDGET) for x in e) and e, 30, "the budget event")  # fmt: skip
     backoffs = [e for e in story if e.startswith(c.REASON_BACKOFF)]
     assert len(backoffs) == 2 and "in 2s" in backoffs[0] and "in 4s" in backoffs[1], backoffs
     # no hot loop: the failed job is left alone
     settled = reconciles(cluster)
-    wait_for(lambda: not [p for p in job_pods(cluster, namespace, "loop") if p.status.phase == "Running"], 30,
+    wait_for(lambda: not [p for p in support.job_pods(cluster, namespace, "loop") if p.status.phase == "Running"], 30,
              "no worker running")  # fmt: skip
     time.sleep(5)  # a measurement window, not a synchronisation: reconciles of a finished job must stop
     after = reconciles(cluster)
     print(f"\nreconciles: {settled - before:.0f} for 3 attempts; {after - settled:.0f} in 5 s after failing")
     assert settled - before < 150, "reconciles per crash-looping job look like a hot loop"
     assert after - settled <= 5
-    assert operator_restarts(cluster) == restarts
+    assert support.operator_restarts(cluster) == restarts
 
 
 # ---- containers that cannot start ----------------------------------------------------------------------
 @pytest.mark.timeout(240)
 def test_image_or_command_that_cannot_start_fails_the_job_with_the_reason(cluster: Cluster, namespace: str) -> None:
-    bad_image = tiny_job("noimage", namespace, failurePolicy={"maxApplicationRestarts": 0})
+    bad_image = support.tiny_job("noimage", namespace, failurePolicy={"maxApplicationRestarts": 0})
     ctr = bad_image["spec"]["template"]["spec"]["containers"][0]
     ctr["image"] = "registry.invalid/does-not-exist:1"
     del ctr["command"]  # the image's entrypoint: unknown here, as an unpullable image
-    bad_cmd = tiny_job("nocmd", namespace, failurePolicy={"maxApplicationRestarts": 0})
+    bad_cmd = support.tiny_job("nocmd", namespace, failurePolicy={"maxApplicationRestarts": 0})
     bad_cmd["spec"]["template"]["spec"]["containers"][0]["command"] = ["/no/such/trainer"]
-    apply(cluster, bad_image)
-    apply(cluster, bad_cmd)
-    image = wait_phase(cluster, namespace, "noimage", c.FAILED, timeout=120)
+    support.apply(cluster, bad_image)
+    support.apply(cluster, bad_cmd)
+    image = support.wait_phase(cluster, namespace, "noimage", c.FAILED, timeout=120)
     assert image["lastFailure"]["reason"] == c.REASON_IMAGE_CANNOT_START
     assert "ErrImagePull" in image["lastFailure"]["message"], image["lastFailure"]
-    cmd = wait_phase(cluster, namespace, "nocmd", c.FAILED, timeout=120)
+    cmd = support.wait_phase(cluster, namespace, "nocmd", c.FAILED, timeout=120)
     assert cmd["lastFailure"]["exitCode"] == 128 and "StartError" in cmd["lastFailure"]["message"], cmd
     for name in ("noimage", "nocmd"):
-        wait_for(lambda n=name: not [p for p in job_pods(cluster, namespace, n)
+        wait_for(lambda n=name: not [p for p in support.job_pods(cluster, namespace, n)
                                      if p.metadata.deletion_timestamp is None
                                      and p.status.phase not in ("Failed", "Succeeded")],
                  60, f"{name} fenced")  # fmt: skip
@@ -237,13 +217,13 @@ def test_worker_service_account_has_no_api_rights(cluster: Cluster, namespace: s
 
 @pytest.mark.timeout(180)
 def test_worker_pods_get_no_token_unless_asked(cluster: Cluster, namespace: str) -> None:
-    apply(cluster, tiny_job("notoken", namespace))
-    asked = tiny_job("token", namespace)
+    support.apply(cluster, support.tiny_job("notoken", namespace))
+    asked = support.tiny_job("token", namespace)
     asked["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
-    apply(cluster, asked)
-    with_token = running_attempt(cluster, namespace, "token", 1, 1)
+    support.apply(cluster, asked)
+    with_token = support.running_attempt(cluster, namespace, "token", 1, 1)
     assert _token_mounted(with_token[0]), "a template that asks for a token must get one"
-    pods = running_attempt(cluster, namespace, "notoken", 1, 1)
+    pods = support.running_attempt(cluster, namespace, "notoken", 1, 1)
     assert pods[0].spec.automount_service_account_token is False and not _token_mounted(pods[0])
 
 
@@ -256,15 +236,15 @@ RESTRICTED_CTR = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["
 @pytest.mark.timeout(240)
 def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    manifest = tiny_job("psa", namespace, replicas=2)
+    manifest = support.tiny_job("psa", namespace, replicas=2)
     spec = manifest["spec"]["template"]["spec"]
     spec["securityContext"] = RESTRICTED_POD
     spec["containers"][0]["securityContext"] = RESTRICTED_CTR
     # restricted forbids hostPath: the checkpoint volume comes through a PVC (an RWX hostPath PV)
     cluster.create_shared_pvc("ckpt", namespace)
     spec["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]
-    apply(cluster, manifest)
-    pods = running_attempt(cluster, namespace, "psa", 1, 2)
+    support.apply(cluster, manifest)
+    pods = support.running_attempt(cluster, namespace, "psa", 1, 2)
     assert all(p.spec.security_context.run_as_non_root for p in pods)
     # the operator's own pod passes too (server-side dry run reports violating pods as warnings), except
     # for the hostPath checkpoint volume this test install chose (checkpointStorage.hostPath; restricted
@@ -274,15 +254,16 @@ def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> 
     problems = [ln for ln in res.stderr.splitlines() if ln.startswith("Warning: rtj-")]
     assert all(ln.endswith(": restricted volume types") for ln in problems), res.stderr
     # a template that is not restricted-compliant is refused by admission: the job never runs a pod
-    apply(cluster, tiny_job("rootjob", namespace))
+    support.apply(cluster, support.tiny_job("rootjob", namespace))
 
     def refused() -> bool:
-        st = job_status(cluster, namespace, "rootjob")
-        return st.get("attempt") == 1 and not job_pods(cluster, namespace, "rootjob")
+        st = support.job_status(cluster, namespace, "rootjob")
+        return st.get("attempt") == 1 and not support.job_pods(cluster, namespace, "rootjob")
 
     wait_for(refused, 60, "attempt 1 recorded with its pods refused")
-    story = events(cluster, namespace, "rootjob")
-    print(f"\nnon-compliant template: phase {job_status(cluster, namespace, 'rootjob').get('phase')}, events {story}")
+    story = support.events(cluster, namespace, "rootjob")
+    phase = support.job_status(cluster, namespace, "rootjob").get("phase")
+    print(f"\nnon-compliant template: phase {phase}, events {story}")
 
 
 # ---- least privilege: every ClusterRole rule is needed --------------------------------------------------
@@ -319,19 +300,19 @@ def full_rules(cluster: Cluster) -> Any:
     assert sorted(_rule_id(r) for r in rules) == sorted(RULES), "the chart's rules changed: update RULES"
     yield rules
     _set_rules(cluster, rules)
-    restart_operators(cluster)  # fresh processes (every replica) with every watch under the full role
-    wait_operator_ready(cluster)
+    support.restart_operators(cluster)  # fresh processes (every replica) with every watch under the full role
+    support.wait_operator_ready(cluster)
 
 
 def _healthy(cl: Cluster, ns: str, name: str) -> bool:
-    st = job_status(cl, ns, name)
+    st = support.job_status(cl, ns, name)
     if st.get("phase") != c.RUNNING:
         return False
     try:
-        core(cl).read_namespaced_service(name, ns)
+        support.core(cl).read_namespaced_service(name, ns)
     except Exception:
         return False
-    return any(e.startswith(c.REASON_ALL_RUNNING) for e in events(cl, ns, name))
+    return any(e.startswith(c.REASON_ALL_RUNNING) for e in support.events(cl, ns, name))
 
 
 @pytest.mark.timeout(600)
@@ -342,15 +323,15 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
     for index, rule in enumerate(full_rules):
         rid = _rule_id(rule)
         _set_rules(cluster, [r for i, r in enumerate(full_rules) if i != index])
-        restart_operators(cluster)  # every replica: a standby with the old rules' watches would take over
-        wait_operator_ready(cluster)
-        log_from = len(operator_log(cluster))
+        support.restart_operators(cluster)  # every replica: a standby with the old rules' watches would take over
+        support.wait_operator_ready(cluster)
+        log_from = len(support.operator_log(cluster))
         name = f"rbac{index}"
-        apply(cluster, tiny_job(name, namespace))
+        support.apply(cluster, support.tiny_job(name, namespace))
         deadline = time.monotonic() + 25
         outcome = ""
         while time.monotonic() < deadline:
-            text = operator_log(cluster)[log_from:]
+            text = support.operator_log(cluster)[log_from:]
             refused = [ln for ln in text.splitlines() if '" 403 ' in ln or "orbidden" in ln]
             if refused:
                 outcome = "forbidden: " + refused[0][:200]
@@ -360,8 +341,8 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
             time.sleep(0.5)
         healthy = _healthy(cluster, namespace, name)
         if not outcome and not healthy:
-            st = job_status(cluster, namespace, name)
-            pods = len(job_pods(cluster, namespace, name))
+            st = support.job_status(cluster, namespace, name)
+            pods = len(support.job_pods(cluster, namespace, name))
             outcome = f"job not healthy in 25 s: phase {st.get('phase')}, pods {pods}"
         results[rid] = outcome or "NOTHING BROKE"
         print(f"\nwithout {rid}: {results[rid]}")
@@ -376,19 +357,19 @@ def test_service_exists_after_a_failure_between_status_write_and_creates(cluster
     rules = _rules(cluster)
 
     def errors() -> float:
-        return sum(metric_samples(operator_metrics(cluster), "rtj_reconcile_errors_total").values())
+        return sum(support.metric_samples(support.operator_metrics(cluster), "rtj_reconcile_errors_total").values())
 
     # the leader's metrics endpoint may still be starting (the rule sweep before this test restarts the replicas)
     before = wait_for(lambda: (errors(),), 60, "the operator's metrics")[0]
     _set_rules(cluster, [r for r in rules if _rule_id(r) != "core/services"])
     try:
-        apply(cluster, tiny_job("nosvc", namespace))
-        wait_for(lambda: job_status(cluster, namespace, "nosvc").get("attempt") == 1, 60, "attempt 1 written")
+        support.apply(cluster, support.tiny_job("nosvc", namespace))
+        wait_for(lambda: support.job_status(cluster, namespace, "nosvc").get("attempt") == 1, 60, "attempt 1 written")
         wait_for(lambda: errors() >= before + 2, 60, "the refused create retried")
     finally:
         _set_rules(cluster, rules)
-    wait_phase(cluster, namespace, "nosvc", c.RUNNING, timeout=60)
-    wait_for(lambda: core(cluster).read_namespaced_service("nosvc", namespace), 30, "the rendezvous Service")
+    support.wait_phase(cluster, namespace, "nosvc", c.RUNNING, timeout=60)
+    wait_for(lambda: support.core(cluster).read_namespaced_service("nosvc", namespace), 30, "the rendezvous Service")
 
 
 # ---- least privilege, namespaced install: Roles in the watched namespaces, nothing cluster-wide but nodes --
@@ -406,7 +387,7 @@ def release_with(cl: Cluster, *sets: str) -> Iterator[None]:
 
 
 def _operator_watches(cl: Cluster, namespaces: str) -> bool:
-    pod = operator_pod(cl)
+    pod = support.operator_pod(cl)
     return pod is not None and pod.status.phase == "Running" and any(
         e.name == "RTJ_NAMESPACES" and (e.value or "") == namespaces for e in pod.spec.containers[0].env)
 
@@ -417,10 +398,10 @@ def namespaced_install(cluster: Cluster, namespace: str) -> Iterator[None]:
     back to every namespace afterwards."""
     with release_with(cluster, f"watchNamespaces={{{namespace}}}"):
         wait_for(lambda: _operator_watches(cluster, namespace), 120, "the namespaced operator running")
-        wait_operator_ready(cluster)
+        support.wait_operator_ready(cluster)
         yield
     wait_for(lambda: _operator_watches(cluster, ""), 120, "the cluster-wide operator back")
-    wait_operator_ready(cluster)
+    support.wait_operator_ready(cluster)
 
 
 def _can(cl: Cluster, verb: str, resource: str, *where: str) -> bool:
@@ -443,6 +424,6 @@ def test_namespaced_install_runs_jobs_with_roles_and_nothing_more(cluster: Clust
     assert not _can(cluster, "create", "pods", "-n", "default")
     assert not _can(cluster, "list", "pods", "--all-namespaces")
     assert not _can(cluster, "patch", "resilienttrainingjobs.training.resilient.dev/status", "-n", "default")
-    apply(cluster, tiny_job("scoped", namespace))
+    support.apply(cluster, support.tiny_job("scoped", namespace))
     wait_for(lambda: _healthy(cluster, namespace, "scoped"), 60, "the job running under the Role")
 
