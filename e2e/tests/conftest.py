@@ -16,7 +16,7 @@ import pytest
 
 from e2e import get_cluster, scenarios, support
 from e2e.cluster import ClusterLike
-from e2e.localcluster.pytest_plugin import (  # noqa: F401  (hooks re-exported for pytest)
+from e2e.pytest_plugin import (  # noqa: F401  (hooks re-exported for pytest)
     failed_key,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,

@@ -28,7 +28,7 @@ from e2e.realnodes import config as rn_config
 pytestmark = [pytest.mark.timeout(240), pytest.mark.own_cluster]
 # Every test below the config tables runs on the module's cluster.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (namespaces, cgroups, containerd)")
-REAL_NODES = True  # e2e/localcluster/pytest_plugin.py builds the node binaries and images at collection
+REAL_NODES = True  # e2e/pytest_plugin.py builds the node binaries and images at collection
 NS = "rn"
 
 

@@ -41,7 +41,7 @@ from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster,
               pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (namespaces, cgroups, containerd)")]
-REAL_NODES = True  # e2e/localcluster/pytest_plugin.py builds the node binaries and images at collection
+REAL_NODES = True  # e2e/pytest_plugin.py builds the node binaries and images at collection
 IMAGES = ("operator", "trainer-cpu")  # ... and these images from our Dockerfiles (e2e/images.py)
 STEPS, TOLERANCE = scenarios.STEPS, scenarios.TOLERANCE
 

@@ -1,4 +1,4 @@
-"""pytest hooks for the local cluster (the fixtures live in e2e/tests/conftest.py, for either backend).
+"""pytest hooks for the process-node clusters (the fixtures live in e2e/tests/conftest.py, for every backend).
 
 Tests that need a cluster carry the `cluster` marker. The binaries are built (or found in the cache)
 once at collection time, outside any per-test timeout; without root the local cluster cannot run,
