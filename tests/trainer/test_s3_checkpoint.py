@@ -155,7 +155,7 @@ def test_retention_on_s3_keeps_newest_and_resume_source(ctx: DistContext, s3_roo
     fs = s3_root.fs()
     fs.pipe(f"{uri[5:]}/step-0000000000/__0_0.distcp", b"a save that died mid-way")
     deleted: list[list[str]] = []  # each DeleteObjects request: "step-.../name" keys
-    fs_used = ckpt.storage._fs  # type: ignore[attr-defined]
+    fs_used = s3.filesystem()  # the checkpointer's client: one per set of credentials (the environment's)
     real_call = fs_used.call_s3
 
     def spy(op: str, *args: object, **kwargs: object) -> object:  # records the real deletions' order
