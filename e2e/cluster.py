@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, Self, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
@@ -104,6 +104,15 @@ class ClusterTools:
 
     def host_path(self, path: str) -> Path:
         raise NotImplementedError
+
+    def stop(self, *, remove: bool = False) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def node_name(self, name: str) -> str:
         """The Node's name for a requested name (identity unless the backend maps names)."""

@@ -39,6 +39,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from e2e.processes import terminate
+
 ROOT = Path(__file__).resolve().parents[1]
 HACK = ROOT / "hack" / "images"
 CACHE = Path(os.environ.get("RTJ_CACHE", Path.home() / ".cache" / "resilient-training")) / "images"
@@ -372,13 +374,7 @@ class Registry:
               f"http://{self.repository(image.ref)}"], timeout, capture_output=True, cwd=ROOT)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Registry:
@@ -432,13 +428,7 @@ class ScratchContainerd:
         return disk_bytes(self.dir / "root")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        terminate(self.process, 15)
         self.log.close()
         for mount in reversed(Path("/proc/self/mounts").read_text().splitlines()):
             target = mount.split()[1]

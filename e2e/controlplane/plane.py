@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
 from e2e.cluster import ClusterTools, wait_for
+from e2e.processes import terminate
 from e2e.s3server import Identity, S3Server
 
 from . import network
@@ -418,12 +419,7 @@ class ControlPlane(ClusterTools):
         """
         comp = self.components[name]
         args = comp.args
-        comp.proc.terminate()
-        try:
-            comp.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            comp.proc.kill()
-            comp.proc.wait(timeout=10)
+        terminate(comp.proc, grace)
         if down_seconds:
             time.sleep(down_seconds)
         self._spawn(name, args)
@@ -458,13 +454,8 @@ class ControlPlane(ClusterTools):
             if comp.proc.poll() is None and comp.throwaway:
                 comp.proc.kill()
                 comp.proc.wait(timeout=10)
-            elif comp.proc.poll() is None:
-                comp.proc.terminate()
-                try:
-                    comp.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    comp.proc.kill()
-                    comp.proc.wait(timeout=10)
+            else:
+                terminate(comp.proc)
         if self._forwarder is not None and self._forwarder.poll() is None:
             self._forwarder.kill()
             self._forwarder.wait(timeout=10)
@@ -474,12 +465,6 @@ class ControlPlane(ClusterTools):
             self._netns_fd = -1
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def log_dir(self) -> Path:

@@ -203,9 +203,3 @@ class KindCluster(ClusterTools):
         self.runner(["kind", "delete", "cluster", "--name", self.name], check=False, timeout=300)
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> KindCluster:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
