@@ -1,9 +1,11 @@
-"""The interface every test cluster offers, and what both backends build on `kubectl` alone.
+"""The interface every test cluster offers, its optional capabilities, and what backends build on `kubectl` alone.
 
-Two backends implement `ClusterLike`: `e2e.localcluster.Cluster` (a real control plane with simulated
-nodes, no Docker) and `e2e.kindcluster.KindCluster` (kind, for machines with Docker). `get_cluster`
-(in `e2e/__init__.py`) picks one by `RTJ_CLUSTER`. This module imports neither backend, so the local
-backend can build on it without ever importing the kind one.
+Three backends implement `ClusterLike`: `e2e.localcluster.Cluster` (the local control plane with
+simulated nodes, no Docker), `e2e.realnodes.RealCluster` (the same control plane with real kubelets)
+and `e2e.kindcluster.KindCluster` (kind, for machines with Docker). `get_cluster` (in `e2e/__init__.py`)
+picks one by `RTJ_CLUSTER`. What only some backends can do is a small protocol of its own
+(`Partitionable`, `RestartableControlPlane`, `HasNetns`), checked with `isinstance` where a helper
+needs it. This module imports no backend, so every backend can build on it.
 """
 
 from __future__ import annotations
