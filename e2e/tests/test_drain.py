@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from e2e import scenarios
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.support import events, get_job, job_pods, node_of, running_attempt
 from resilient_operator import constants as c
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.cluster]
 PREEMPTED = re.compile(r"^RTJ_PREEMPTED step=(\d+)", re.M)
 
 
-def submit(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+def submit(cluster: ClusterLike, ns: str, name: str) -> dict[str, Any]:
     scenarios.shared_claim(cluster, ns)
     # 3 of the 4 pool nodes: the restart without the drained node still has full size; checkpoints are rare,
     # so any step not recomputed is the SIGTERM checkpoint's doing.
@@ -32,16 +32,16 @@ def submit(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     return job
 
 
-def log_of(cluster: Cluster, ns: str, pod: str) -> str:
+def log_of(cluster: ClusterLike, ns: str, pod: str) -> str:
     return scenarios.trainer_log(cluster, ns, pod)
 
 
-def wait_steps(cluster: Cluster, ns: str, pod: str, steps: int, timeout: float = 120) -> None:
+def wait_steps(cluster: ClusterLike, ns: str, pod: str, steps: int, timeout: float = 120) -> None:
     wait_for(lambda: len(re.findall(r"^RTJ_STEP ", log_of(cluster, ns, pod), re.M)) >= steps, timeout,
              f"{steps} steps in {pod}")
 
 
-def moved_at_its_step(cluster: Cluster, ns: str, name: str, old: list[Any], node: str, t0: float) -> dict[str, Any]:
+def moved_at_its_step(cluster: ClusterLike, ns: str, name: str, old: list[Any], node: str, t0: float) -> dict[str, Any]:
     """The new attempt runs without `node`, resumed from the step the old one was stopped at, and its
     goodput matches what the harness saw. Returns the figures."""
     new = running_attempt(cluster, ns, name, 2, 3, timeout=180)
@@ -75,7 +75,7 @@ def moved_at_its_step(cluster: Cluster, ns: str, name: str, old: list[Any], node
 
 
 @pytest.mark.timeout(420)
-def test_cordon_moves_the_gang_at_its_current_step(cluster: Cluster, job_ns: str) -> None:
+def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "cordon"
     submit(cluster, ns, name)
     old = running_attempt(cluster, ns, name, 1, 3, timeout=180)
@@ -90,7 +90,7 @@ def test_cordon_moves_the_gang_at_its_current_step(cluster: Cluster, job_ns: str
 
 
 @pytest.mark.timeout(420)
-def test_kubectl_drain_completes_and_the_job_continues_from_its_step(cluster: Cluster, job_ns: str) -> None:
+def test_kubectl_drain_completes_and_the_job_continues_from_its_step(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "drain"
     submit(cluster, ns, name)
     old = running_attempt(cluster, ns, name, 1, 3, timeout=180)

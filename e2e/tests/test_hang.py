@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from e2e import scenarios
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.scenarios import STEPS, TOLERANCE, relative_difference
 from e2e.support import MOUNT, events, get_job, running_attempt, wait_phase
 from resilient_operator import constants as c
@@ -21,7 +21,7 @@ TIMEOUT = 20  # spec.progressTimeoutSeconds (the first step gets four times this
 HANG_STEP = 10
 
 
-def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
+def submit(cluster: ClusterLike, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     scenarios.shared_claim(cluster, ns)
     extra = (f"--dump-state={MOUNT}/{ns}/{name}.pt", *kw.pop("extra_args", ()))
     job = scenarios.example_job(name, ns, extra_args=extra, progressTimeoutSeconds=TIMEOUT, **kw)
@@ -31,7 +31,7 @@ def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_a_hung_rank_is_restarted_in_time_and_the_job_ends_right(
-    cluster: Cluster, job_ns: str, reference: dict[str, Any]
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from e2e import support
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.support import HOST_DIR, MOUNT, OPERATOR_NS, RELEASE
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import environment
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.cluster]
 
 
 @pytest.mark.timeout(240)
-def test_job_starts_a_gang_with_the_contract(cluster: Cluster, namespace: str) -> None:
+def test_job_starts_a_gang_with_the_contract(cluster: ClusterLike, namespace: str) -> None:
     support.apply(cluster, support.job_manifest("gang", namespace))
     pods = support.running_attempt(cluster, namespace, "gang", 1, 3)
     envs = sorted((support.injected_env(p) for p in pods), key=lambda e: e[environment.NODE_RANK])
@@ -44,7 +44,7 @@ def test_job_starts_a_gang_with_the_contract(cluster: Cluster, namespace: str) -
 
 
 @pytest.mark.timeout(240)
-def test_deleted_worker_pod_restarts_the_gang_once(cluster: Cluster, namespace: str) -> None:
+def test_deleted_worker_pod_restarts_the_gang_once(cluster: ClusterLike, namespace: str) -> None:
     support.apply(cluster, support.job_manifest("del", namespace))
     pods = support.running_attempt(cluster, namespace, "del", 1, 3)
     victim = next(p for p in pods if p.metadata.labels[c.LABEL_RANK] == "1")
@@ -59,7 +59,7 @@ def test_deleted_worker_pod_restarts_the_gang_once(cluster: Cluster, namespace: 
 
 
 @pytest.mark.timeout(300)
-def test_application_failure_backs_off_then_fails(cluster: Cluster, namespace: str) -> None:
+def test_application_failure_backs_off_then_fails(cluster: ClusterLike, namespace: str) -> None:
     manifest = support.job_manifest("app", namespace, script=support.worker_script(fail_rank=0, code=3),
                             failurePolicy={"maxApplicationRestarts": 1, "applicationBackoffSeconds": 2})  # fmt: skip
     support.apply(cluster, manifest)
@@ -82,7 +82,7 @@ def test_application_failure_backs_off_then_fails(cluster: Cluster, namespace: s
 
 
 @pytest.mark.timeout(300)
-def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cluster, namespace: str) -> None:
+def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: ClusterLike, namespace: str) -> None:
     root = cluster.host_path(f"{HOST_DIR}/{namespace}/shrink")
     support.make_checkpoint(root, step=12)
     support.apply(cluster, support.job_manifest("shrink", namespace, replicas=4))
@@ -116,7 +116,7 @@ def test_killed_node_shrinks_the_job_and_resumes_from_the_checkpoint(cluster: Cl
 
 
 @pytest.mark.timeout(300)
-def test_operator_restarted_mid_recovery_continues_without_duplicates(cluster: Cluster, namespace: str) -> None:
+def test_operator_restarted_mid_recovery_continues_without_duplicates(cluster: ClusterLike, namespace: str) -> None:
     support.apply(cluster, support.job_manifest("opr", namespace, replicas=3))
     pods = support.running_attempt(cluster, namespace, "opr", 1, 3)
     cluster.kill_node(support.node_of(pods, "0"))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from e2e import support
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.support import CHART, HOST_DIR, MOUNT, OPERATOR_NS, RELEASE
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
 from resilient_contract import layout
@@ -39,14 +39,14 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {x["type"]: x for x in status.get("conditions") or []}
 
 
-def reconciles(cl: Cluster) -> float:
+def reconciles(cl: ClusterLike) -> float:
     samples = support.metric_samples(support.operator_metrics(cl), "rtj_reconcile_seconds_count")
     return sum(v for k, v in samples.items())
 
 
 # ---- invalid specs ------------------------------------------------------------------------------------
 @pytest.mark.timeout(180)
-def test_invalid_specs_are_rejected_at_apply_naming_the_field(cluster: Cluster, namespace: str) -> None:
+def test_invalid_specs_are_rejected_at_apply_naming_the_field(cluster: ClusterLike, namespace: str) -> None:
     """The offline CEL table (tests/contracts/test_crd.py), replayed against the real API server."""
     failures = []
     cases = [(case, spec, message) for case, spec, message in INVALID]
@@ -86,7 +86,7 @@ class _RunsCode:
 
 
 @pytest.mark.timeout(240)
-def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+def test_crafted_metadata_never_runs_and_is_skipped(cluster: ClusterLike, namespace: str, tmp_path: Path) -> None:
     root = cluster.host_path(f"{HOST_DIR}/{namespace}/evil")
     support.make_checkpoint(root, step=12)
     evil = support.make_checkpoint(root, step=24)
@@ -113,7 +113,7 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: Cluster, namespace:
 
 # ---- unreadable checkpoint root ------------------------------------------------------------------------
 @pytest.mark.timeout(240)
-def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster, namespace: str) -> None:
+def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: ClusterLike, namespace: str) -> None:
     host = cluster.host_path(f"{HOST_DIR}/{namespace}/unread")
     host.parent.mkdir(parents=True, exist_ok=True)
     host.write_text("a file where the checkpoint directory should be\n")
@@ -141,7 +141,7 @@ def test_unreadable_checkpoint_root_is_a_condition_not_a_crash(cluster: Cluster,
 
 # ---- crash loop ----------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
-def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: Cluster, namespace: str) -> None:
+def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: ClusterLike, namespace: str) -> None:
     before = reconciles(cluster)
     restarts = support.operator_restarts(cluster)
     manifest = support.tiny_job("loop", namespace, script="exit 7", replicas=2,
@@ -178,7 +178,7 @@ def test_crash_looping_trainer_stops_at_its_budget_with_backoff(cluster: Cluster
 
 # ---- containers that cannot start ----------------------------------------------------------------------
 @pytest.mark.timeout(240)
-def test_image_or_command_that_cannot_start_fails_the_job_with_the_reason(cluster: Cluster, namespace: str) -> None:
+def test_image_or_command_that_cannot_start_fails_the_job_with_the_reason(cluster: ClusterLike, namespace: str) -> None:
     bad_image = support.tiny_job("noimage", namespace, failurePolicy={"maxApplicationRestarts": 0})
     ctr = bad_image["spec"]["template"]["spec"]["containers"][0]
     ctr["image"] = "registry.invalid/does-not-exist:1"
@@ -206,7 +206,7 @@ def _token_mounted(pod: Any) -> bool:
 
 
 @pytest.mark.timeout(180)
-def test_worker_service_account_has_no_api_rights(cluster: Cluster, namespace: str) -> None:
+def test_worker_service_account_has_no_api_rights(cluster: ClusterLike, namespace: str) -> None:
     """Worker pods run as their namespace's default ServiceAccount; the chart grants it nothing."""
     sa = f"system:serviceaccount:{namespace}:default"
     for verb, resource in (("list", "pods"), ("get", "secrets"), ("create", "pods"), ("list", "nodes"),
@@ -216,7 +216,7 @@ def test_worker_service_account_has_no_api_rights(cluster: Cluster, namespace: s
 
 
 @pytest.mark.timeout(180)
-def test_worker_pods_get_no_token_unless_asked(cluster: Cluster, namespace: str) -> None:
+def test_worker_pods_get_no_token_unless_asked(cluster: ClusterLike, namespace: str) -> None:
     support.apply(cluster, support.tiny_job("notoken", namespace))
     asked = support.tiny_job("token", namespace)
     asked["spec"]["template"]["spec"]["automountServiceAccountToken"] = True
@@ -234,7 +234,7 @@ RESTRICTED_CTR = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["
 
 
 @pytest.mark.timeout(240)
-def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> None:
+def test_pods_pass_pod_security_restricted(cluster: ClusterLike, namespace: str) -> None:
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     manifest = support.tiny_job("psa", namespace, replicas=2)
     spec = manifest["spec"]["template"]["spec"]
@@ -267,13 +267,13 @@ def test_pods_pass_pod_security_restricted(cluster: Cluster, namespace: str) -> 
 
 
 # ---- least privilege: every ClusterRole rule is needed --------------------------------------------------
-def _role_name(cl: Cluster) -> str:
+def _role_name(cl: ClusterLike) -> str:
     out = cl.kubectl("get", "clusterrole", "-l", "app.kubernetes.io/instance=rtj", "-o", "name").stdout.split()
     assert len(out) == 1, out
     return out[0].split("/", 1)[1]
 
 
-def _rules(cl: Cluster) -> list[dict[str, Any]]:
+def _rules(cl: ClusterLike) -> list[dict[str, Any]]:
     return list(json.loads(cl.kubectl("get", "clusterrole", _role_name(cl), "-o", "json").stdout)["rules"])
 
 
@@ -287,7 +287,7 @@ RULES = ["training.resilient.dev/resilienttrainingjobs", "training.resilient.dev
 UNNEEDED: dict[str, str] = {}  # rule -> why (filled from what the sweep shows)
 
 
-def _set_rules(cl: Cluster, rules: list[dict[str, Any]]) -> None:
+def _set_rules(cl: ClusterLike, rules: list[dict[str, Any]]) -> None:
     role = json.loads(cl.kubectl("get", "clusterrole", _role_name(cl), "-o", "json").stdout)
     role["rules"] = rules
     role["metadata"].pop("resourceVersion", None)
@@ -295,7 +295,7 @@ def _set_rules(cl: Cluster, rules: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture
-def full_rules(cluster: Cluster) -> Any:
+def full_rules(cluster: ClusterLike) -> Any:
     rules = _rules(cluster)
     assert sorted(_rule_id(r) for r in rules) == sorted(RULES), "the chart's rules changed: update RULES"
     yield rules
@@ -304,7 +304,7 @@ def full_rules(cluster: Cluster) -> Any:
     support.wait_operator_ready(cluster)
 
 
-def _healthy(cl: Cluster, ns: str, name: str) -> bool:
+def _healthy(cl: ClusterLike, ns: str, name: str) -> bool:
     st = support.job_status(cl, ns, name)
     if st.get("phase") != c.RUNNING:
         return False
@@ -316,7 +316,8 @@ def _healthy(cl: Cluster, ns: str, name: str) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full_rules: list[dict[str, Any]]) -> None:
+def test_every_clusterrole_rule_is_needed(cluster: ClusterLike, namespace: str,
+                                          full_rules: list[dict[str, Any]]) -> None:
     """Remove one rule, restart the operator, submit a job: it must visibly break (403 in the log, no
     status, no pods, no Service or no events). A rule whose removal changes nothing is reported."""
     results: dict[str, str] = {}
@@ -351,7 +352,7 @@ def test_every_clusterrole_rule_is_needed(cluster: Cluster, namespace: str, full
 
 
 @pytest.mark.timeout(240)
-def test_service_exists_after_a_failure_between_status_write_and_creates(cluster: Cluster, namespace: str) -> None:
+def test_service_exists_after_a_failure_between_status_write_and_creates(cluster: ClusterLike, namespace: str) -> None:
     """The state of an operator that crashed after writing attempt 1 but before creating the Service: here
     the Service create is refused (RBAC) for a while, then allowed. The job must end with its Service."""
     rules = _rules(cluster)
@@ -374,7 +375,7 @@ def test_service_exists_after_a_failure_between_status_write_and_creates(cluster
 
 # ---- least privilege, namespaced install: Roles in the watched namespaces, nothing cluster-wide but nodes --
 @contextmanager
-def release_with(cl: Cluster, *sets: str) -> Iterator[None]:
+def release_with(cl: ClusterLike, *sets: str) -> Iterator[None]:
     """The session's release upgraded with these `--set`s (on top of its install values), rolled back to
     the exact previous revision afterwards (a `--set x=null` under --reuse-values does not restore a default)."""
     revision = json.loads(cl.helm("status", RELEASE, "--namespace", OPERATOR_NS, "-o", "json").stdout)["version"]
@@ -386,14 +387,14 @@ def release_with(cl: Cluster, *sets: str) -> Iterator[None]:
         cl.helm("rollback", RELEASE, str(revision), "--namespace", OPERATOR_NS, "--wait", "--timeout", "120s")
 
 
-def _operator_watches(cl: Cluster, namespaces: str) -> bool:
+def _operator_watches(cl: ClusterLike, namespaces: str) -> bool:
     pod = support.operator_pod(cl)
     return pod is not None and pod.status.phase == "Running" and any(
         e.name == "RTJ_NAMESPACES" and (e.value or "") == namespaces for e in pod.spec.containers[0].env)
 
 
 @pytest.fixture
-def namespaced_install(cluster: Cluster, namespace: str) -> Iterator[None]:
+def namespaced_install(cluster: ClusterLike, namespace: str) -> Iterator[None]:
     """The session's release upgraded to watch only this test's namespace (a new operator pod: Recreate);
     back to every namespace afterwards."""
     with release_with(cluster, f"watchNamespaces={{{namespace}}}"):
@@ -404,13 +405,13 @@ def namespaced_install(cluster: Cluster, namespace: str) -> Iterator[None]:
     support.wait_operator_ready(cluster)
 
 
-def _can(cl: Cluster, verb: str, resource: str, *where: str) -> bool:
+def _can(cl: ClusterLike, verb: str, resource: str, *where: str) -> bool:
     sa = f"system:serviceaccount:{OPERATOR_NS}:{_role_name(cl)}"  # the chart names both after the release
     return cl.kubectl("auth", "can-i", verb, resource, *where, "--as", sa, check=False).stdout.strip() == "yes"
 
 
 @pytest.mark.timeout(600)
-def test_namespaced_install_runs_jobs_with_roles_and_nothing_more(cluster: Cluster, namespace: str,
+def test_namespaced_install_runs_jobs_with_roles_and_nothing_more(cluster: ClusterLike, namespace: str,
                                                                    namespaced_install: None) -> None:  # fmt: skip
     """watchNamespaces=[ns]: the ClusterRole keeps nodes (read-only); node Leases are readable in
     kube-node-lease only (issue 25); jobs in ns run under the Role; the operator may not touch pods

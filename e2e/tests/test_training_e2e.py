@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from e2e import scenarios, support
-from e2e.localcluster.cluster import Cluster, wait_for
+from e2e.cluster import ClusterLike, wait_for
 from e2e.support import HOST_DIR, MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
 from resilient_contract import environment, layout, lineage
 from resilient_operator import constants as c
@@ -24,7 +24,7 @@ STEPS, TOLERANCE = scenarios.STEPS, scenarios.TOLERANCE
 relative_difference = scenarios.relative_difference
 
 
-def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
+def submit(cluster: ClusterLike, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     """The example job, dumping its final state beside its checkpoint root for comparison."""
     scenarios.shared_claim(cluster, ns)
     kw.setdefault("steps", STEPS)
@@ -35,7 +35,7 @@ def submit(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
-    cluster: Cluster, job_ns: str, reference: dict[str, Any]
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 
@@ -81,7 +81,7 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
 
 
 @pytest.mark.timeout(600)
-def test_untrustworthy_checkpoints_are_never_injected(cluster: Cluster, job_ns: str) -> None:
+def test_untrustworthy_checkpoints_are_never_injected(cluster: ClusterLike, job_ns: str) -> None:
     """A newer dir without .metadata and one with .metadata beside a truncated shard are skipped."""
     ns, name = job_ns, "planted"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5)
@@ -112,7 +112,7 @@ def test_untrustworthy_checkpoints_are_never_injected(cluster: Cluster, job_ns: 
 
 @pytest.mark.timeout(900)
 def test_two_losses_then_capacity_returns_and_the_job_grows_back(
-    cluster: Cluster, job_ns: str, reference: dict[str, Any]
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
 ) -> None:
     import torch
 
@@ -141,7 +141,7 @@ def test_two_losses_then_capacity_returns_and_the_job_grows_back(
 
 
 @pytest.mark.timeout(600)
-def test_two_nodes_at_once_cost_one_restart(cluster: Cluster, job_ns: str) -> None:
+def test_two_nodes_at_once_cost_one_restart(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "pair"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
@@ -158,7 +158,7 @@ def test_two_nodes_at_once_cost_one_restart(cluster: Cluster, job_ns: str) -> No
 
 @pytest.mark.timeout(600)
 def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
-    cluster: Cluster, job_ns: str
+    cluster: ClusterLike, job_ns: str
 ) -> None:
     ns, name = job_ns, "short"
     job = submit(cluster, ns, name, steps=200, step_delay=0.5, min_replicas=3, badNodeSeconds=0)
@@ -179,7 +179,7 @@ def test_below_minimum_waits_with_a_condition_and_resumes_when_a_node_returns(
 
 
 @pytest.mark.timeout(600)
-def test_application_failure_spends_its_own_budget_then_fails(cluster: Cluster, job_ns: str) -> None:
+def test_application_failure_spends_its_own_budget_then_fails(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "buggy"
     failure = {"maxApplicationRestarts": 1, "applicationBackoffSeconds": 3, "maxInfrastructureRestarts": 5}
     scenarios.shared_claim(cluster, ns)
@@ -205,7 +205,7 @@ def parse_time(value: str) -> Any:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("caught_before_commit", [True, False], ids=["rank0-held-before-commit", "gang-keeps-training"])
 def test_a_cut_off_gang_never_corrupts_the_checkpoint_lineage(
-    cluster: Cluster, job_ns: str, reference: dict[str, Any], caught_before_commit: bool
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any], caught_before_commit: bool
 ) -> None:
     """A partition, not a dead machine: the node's agent is frozen (no heartbeats, no kills), so the old gang
     (one pod, both ranks) keeps running after the operator fenced it and started attempt 2 elsewhere.
