@@ -67,6 +67,16 @@ def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: i
     return job
 
 
+def submit_example(cluster: ClusterLike, namespace: str, name: str, extra_args: tuple[str, ...] = (),
+                   **kw: Any) -> dict[str, Any]:
+    """The example job applied, dumping its final state beside its checkpoint root (to compare with the
+    failure-free reference); `kw` as example_job's."""
+    shared_claim(cluster, namespace)
+    job = example_job(name, namespace, extra_args=(f"--dump-state={MOUNT}/{namespace}/{name}.pt", *extra_args), **kw)
+    cluster.apply(job)
+    return job
+
+
 def host_root(cluster: ClusterLike, job: dict[str, Any]) -> Path:
     """Where the job's checkpoint root lives on this machine."""
     rel = job["spec"]["checkpoint"]["root"].removeprefix(MOUNT)

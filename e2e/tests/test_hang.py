@@ -13,7 +13,7 @@ import pytest
 from e2e import scenarios
 from e2e.cluster import ClusterLike, wait_for
 from e2e.scenarios import STEPS, TOLERANCE, relative_difference
-from e2e.support import MOUNT, events, get_job, running_attempt, wait_phase
+from e2e.support import events, get_job, running_attempt, wait_phase
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
@@ -22,11 +22,7 @@ HANG_STEP = 10
 
 
 def submit(cluster: ClusterLike, ns: str, name: str, **kw: Any) -> dict[str, Any]:
-    scenarios.shared_claim(cluster, ns)
-    extra = (f"--dump-state={MOUNT}/{ns}/{name}.pt", *kw.pop("extra_args", ()))
-    job = scenarios.example_job(name, ns, extra_args=extra, progressTimeoutSeconds=TIMEOUT, **kw)
-    cluster.apply(job)
-    return job
+    return scenarios.submit_example(cluster, ns, name, progressTimeoutSeconds=TIMEOUT, **kw)
 
 
 @pytest.mark.timeout(600)

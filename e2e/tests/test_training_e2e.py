@@ -26,11 +26,8 @@ relative_difference = scenarios.relative_difference
 
 def submit(cluster: ClusterLike, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     """The example job, dumping its final state beside its checkpoint root for comparison."""
-    scenarios.shared_claim(cluster, ns)
     kw.setdefault("steps", STEPS)
-    job = scenarios.example_job(name, ns, extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",), **kw)
-    cluster.apply(job)
-    return job
+    return scenarios.submit_example(cluster, ns, name, **kw)
 
 
 @pytest.mark.timeout(600)
