@@ -12,8 +12,7 @@ from resilient_operator import constants as c
 from resilient_operator.core import goodput, reconcile, settle
 from resilient_operator.core.model import ElasticPolicy, Placement, Progress
 from resilient_operator.core.timeutil import fmt
-from tests.operator.builders import NOW, gang, healthy, job, listing, node, nodes, pod, running_status
-from tests.operator.test_policies import assess
+from tests.operator.builders import NOW, assess, gang, healthy, job, listing, node, nodes, pod, running_status
 
 UNREACHABLE = [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
 
