@@ -23,13 +23,14 @@ tainted on their word alone (`attestedTimes` holds the attested subset of `failu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView
+from resilient_operator.core.status import JobStatus
 from resilient_operator.core.timeutil import fmt, parse
 
 IMMEDIATE = frozenset({c.REASON_NODE_LOST, c.REASON_HANG})  # blamed on the first failure
@@ -38,19 +39,20 @@ MAX_TIMES = 5  # failure times kept per entry
 MAX_ENTRIES = 20
 
 
-def record(status: MutableMapping[str, Any], node: str, reason: str, now: datetime, hold_seconds: float,
+def record(status: JobStatus, node: str, reason: str, now: datetime, hold_seconds: float,
            attested: bool = False) -> None:
     """Count an infrastructure failure against `node` (its entry's expiry moves to now + hold); `attested`: the
     signal came from the node's heartbeat, the kubelet or the control plane, so it may count cluster-wide."""
     if hold_seconds <= 0:
         return
-    entries: list[dict[str, Any]] = status.setdefault("badNodes", [])
+    entries = status.setdefault("badNodes", [])
     entry = next((e for e in entries if e.get("node") == node), None)
     if entry is None:
         entry = {"node": node}
         entries.append(entry)
     times = [*entry.get("failureTimes", []), fmt(now)][-MAX_TIMES:]
-    entry.update(reason=reason, failureTimes=times, expires=fmt(now + timedelta(seconds=hold_seconds)))
+    entry["reason"], entry["failureTimes"] = reason, times
+    entry["expires"] = fmt(now + timedelta(seconds=hold_seconds))
     if attested:
         entry["attestedTimes"] = [*entry.get("attestedTimes", []), fmt(now)][-MAX_TIMES:]
     entry["avoided"] = reason in IMMEDIATE or bool(entry.get("avoided")) or len(times) >= REPEATS
@@ -58,7 +60,7 @@ def record(status: MutableMapping[str, Any], node: str, reason: str, now: dateti
     del entries[: max(0, len(entries) - MAX_ENTRIES)]
 
 
-def prune(status: MutableMapping[str, Any], now: datetime) -> None:
+def prune(status: JobStatus, now: datetime) -> None:
     """Forget entries whose time is up (the job may use the node again)."""
     entries = status.get("badNodes")
     if not entries:

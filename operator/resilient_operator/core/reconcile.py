@@ -60,7 +60,7 @@ def reconcile(
     # The checkpoint root: readable or not (and why), the newest complete checkpoint, late fenced writers.
     observe.checkpoints(inp, d)
     # Bad nodes whose time is up are usable again.
-    badnodes.prune(d.raw, now)
+    badnodes.prune(d.status, now)
     # Goodput: the launchers' reports and the steps a stopped attempt reached.
     observe.account(inp, d)
     if d.phase in c.TERMINAL_PHASES:

@@ -32,7 +32,7 @@ from resilient_operator.core import (
 from resilient_operator.core.conditions import set_condition
 from resilient_operator.core.model import Job, NodeView, OperatorConfig, Placement, PodView, Progress, WorkloadView
 from resilient_operator.core.plan import Event, EventType, Plan, Render
-from resilient_operator.core.status import JobStatus
+from resilient_operator.core.status import JobStatus, KueueStatus
 from resilient_operator.core.timeutil import fmt
 
 ACTIVE = (c.STARTING, c.RUNNING)
@@ -169,10 +169,10 @@ class Draft:
         self.condition(condition, True, reason, message)
         self.event("Normal", reason, message)
 
-    def kueue(self, inp: Inputs) -> dict[str, Any]:
+    def kueue(self, inp: Inputs) -> KueueStatus:
         """status.kueue, created on first use."""
-        kq: dict[str, Any] = self.raw.setdefault("kueue", {})
-        kq["queueName"] = inp.job.queue_name
+        kq = self.status.setdefault("kueue", {})
+        kq["queueName"] = inp.job.queue_name or ""
         kq.setdefault("generation", 1)
         return kq
 

@@ -46,8 +46,8 @@ def admit(inp: Inputs, d: Draft) -> Inputs:
     inp, kq = replace(inp, gate=gate), d.kueue(inp)
     if gate.action == queueing.RUN:
         assert gate.admission is not None
-        kq.update(admittedReplicas=gate.admission.count, clusterQueue=gate.admission.cluster_queue,
-                  flavors=dict(gate.admission.flavors))
+        kq["admittedReplicas"], kq["clusterQueue"] = gate.admission.count, gate.admission.cluster_queue
+        kq["flavors"] = dict(gate.admission.flavors)
         if d.phase in (c.QUEUED, c.PENDING):
             d.condition(c.COND_QUEUED, False, c.REASON_ADMITTED, gate.message)
             if d.phase == c.QUEUED:
@@ -56,8 +56,9 @@ def admit(inp: Inputs, d: Draft) -> Inputs:
                     d.count_planned()
                 d.set_phase(c.RESTARTING if d.attempt else c.PENDING)
         return inp
-    for key in ("admittedReplicas", "clusterQueue", "flavors"):
-        kq.pop(key, None)
+    kq.pop("admittedReplicas", None)
+    kq.pop("clusterQueue", None)
+    kq.pop("flavors", None)
     if d.phase != c.QUEUED:
         if d.phase in ACTIVE:  # a stopped gang trains nothing: timed like an interruption (goodput)
             goodput.open_recovery(d.raw, c.QUEUED, inp.now, inp.now, d.reached(inp))

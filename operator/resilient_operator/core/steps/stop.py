@@ -106,7 +106,7 @@ def _blame(inp: Inputs, d: Draft, failure: failures.Failure) -> None:
     before = set(d.bad_nodes(inp.now))
     for node in failure.lost_nodes or ((failure.node,) if failure.node else ()):
         lost = node in failure.lost_nodes
-        badnodes.record(d.raw, node, c.REASON_NODE_LOST if lost else failure.reason, inp.now,
+        badnodes.record(d.status, node, c.REASON_NODE_LOST if lost else failure.reason, inp.now,
                         inp.job.spec.bad_node_seconds, attested=lost or failure.attested)
     for node, until in sorted(d.bad_nodes(inp.now).items()):
         if node not in before:
