@@ -68,11 +68,13 @@ class Inputs:
 
     @classmethod
     def observe(cls, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing,
-                now: datetime, **rest: Any) -> Inputs:
-        config: OperatorConfig = rest.get("config", DEFAULT_CONFIG)
+                now: datetime, progress: Sequence[Progress] = (), config: OperatorConfig = DEFAULT_CONFIG,
+                workload: WorkloadView | None = None, kueue_ready: bool = True) -> Inputs:
+        """The inputs with the node health and the draining nodes judged once, for every step to share."""
         return cls(job, [p for p in pods if p.owner_uid == job.uid],  # ours: by uid, not label
                    health.assess(node_map, now, job.spec.node_loss_timeout),
-                   drain.draining(node_map, config.drain_taints), listing, now, **rest)
+                   drain.draining(node_map, config.drain_taints), listing, now, progress, config, workload,
+                   kueue_ready)
 
     @property
     def admitted(self) -> queueing.Gate | None:

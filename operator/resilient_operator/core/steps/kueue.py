@@ -1,4 +1,4 @@
-"""Step 3 (Kueue-managed jobs only): Kueue decides whether the job runs, and is told what the job does.
+"""The Kueue step (Kueue-managed jobs only): Kueue decides whether the job runs, and is told what the job does.
 
 `admit` holds the job in `Queued` (stopping what runs) until its Workload is admitted, creating or
 replacing the Workload as needed, and returns the inputs narrowed to the admission; `report` tells Kueue,

@@ -1,4 +1,4 @@
-"""Step 6, launch (between attempts): wait for the fenced pods to go, for backoff, settling capacity and a
+"""The launch step (between attempts): wait for the fenced pods to go, for backoff, settling capacity and a
 readable checkpoint root; then start the next attempt at the size the healthy capacity allows."""
 
 from __future__ import annotations

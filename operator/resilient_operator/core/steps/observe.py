@@ -1,4 +1,4 @@
-"""Step 1, observe: what the world says before any decision. The spec is usable, the attempt in status is
+"""The observe step: what the world says before any decision. The spec is usable, the attempt in status is
 the newest one (a lost status write is rebuilt from the pods), the checkpoint root is readable and its newest
 complete checkpoint known, and the launchers' reports are folded into goodput."""
 

@@ -1,4 +1,4 @@
-"""Step 5, stop: end an attempt, for the reason the watch step found or because the job is suspended.
+"""The stop step: end an attempt, for the reason the watch step found or because the job is suspended.
 
 A failure spends a budget (or fails the job); draining nodes and growing back are planned stops (no budget);
 a suspended job stops and waits. Each closes the attempt's history entry, times the interruption for

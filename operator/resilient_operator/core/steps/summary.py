@@ -1,4 +1,4 @@
-"""Step 7, summary: the fields a user reads at a glance (kubectl's columns), and the goodput figures."""
+"""The summary step: the fields a user reads at a glance (kubectl's columns), and the goodput figures."""
 
 from __future__ import annotations
 

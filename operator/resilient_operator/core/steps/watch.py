@@ -1,4 +1,4 @@
-"""Step 4, watch (a Starting or Running attempt): success, a cluster-wide outage, and what should stop it.
+"""The watch step (a Starting or Running attempt): success, a cluster-wide outage, and what should stop it.
 
 It finishes what it can decide alone (success, all workers up, a pod missing after a crash, the slowest
 rank, capacity noticed for growing back) and returns what should stop the attempt (a failure, draining
