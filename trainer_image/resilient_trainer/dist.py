@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from resilient_trainer.hooks import WeakHooks
 
 DEFAULT_TIMEOUT_S = 120.0
 LAUNCH_HINT = "python -m resilient_trainer.launch --nproc-per-node N [--checkpoint-root DIR] -- train.py"
@@ -85,22 +85,17 @@ def standalone(environ: dict[str, str] | os._Environ[str]) -> bool:
     return not any(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-_BEFORE_SHUTDOWN: list[weakref.WeakMethod] = []
-_hooks_lock = threading.Lock()
+_BEFORE_SHUTDOWN = WeakHooks()
 
 
 def on_shutdown(method: Callable[[], object]) -> None:
     """Call the bound `method` in `shutdown()` before the process group goes (held weakly)."""
-    with _hooks_lock:
-        _BEFORE_SHUTDOWN[:] = [ref for ref in _BEFORE_SHUTDOWN if ref() is not None]
-        _BEFORE_SHUTDOWN.append(weakref.WeakMethod(method))
+    _BEFORE_SHUTDOWN.add(method)
 
 
 def run_shutdown_hooks() -> None:
     """Finish what must finish while the process group still exists (in-flight checkpoint saves)."""
-    with _hooks_lock:
-        hooks = [m for ref in _BEFORE_SHUTDOWN if (m := ref()) is not None]
-        _BEFORE_SHUTDOWN.clear()
+    hooks = _BEFORE_SHUTDOWN.live(clear=True)
     errors = []
     for hook in hooks:
         try:

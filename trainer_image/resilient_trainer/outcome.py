@@ -20,34 +20,28 @@ import contextlib
 import os
 import signal
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resilient_contract import completion, environment
 from resilient_trainer import storage
+from resilient_trainer.hooks import WeakHooks
 
 if TYPE_CHECKING:  # torch-free at run time
     from resilient_trainer.dist import DistContext
 
 
-_PENDING: list[weakref.WeakMethod] = []
-_pending_lock = threading.Lock()
+_PENDING = WeakHooks()
 
 
 def register_pending(wait: Callable[[], object]) -> None:
     """A bound method that finishes (or raises for) work that must be done before success is claimed."""
-    with _pending_lock:
-        _PENDING[:] = [ref for ref in _PENDING if ref() is not None]
-        _PENDING.append(weakref.WeakMethod(wait))
+    _PENDING.add(wait)
 
 
 def finish_pending() -> None:
     """Wait for every registered save in flight; the first failure is raised."""
-    with _pending_lock:
-        waits = [m for ref in _PENDING if (m := ref()) is not None]
-    for wait in waits:
+    for wait in _PENDING.live():
         wait()
 
 
