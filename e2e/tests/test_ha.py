@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -234,8 +234,9 @@ def test_leader_killed_at_a_stage_of_a_node_loss_recovery_the_standby_finishes_i
         if stage == "created":
             new = starting_with_all_pods(cluster, ns, name, 2, 3)
             assert new, "attempt 2 left Starting while its pods were held"
-            uid = new[0].metadata.uid
-            core(cluster).delete_namespaced_pod(new[0].metadata.name, ns, grace_period_seconds=0)
+            victim = next(p for p in new if p.metadata.labels[c.LABEL_RANK] == "2")  # rank 0's log has the result
+            uid = victim.metadata.uid
+            core(cluster).delete_namespaced_pod(victim.metadata.name, ns, grace_period_seconds=0)
             wait_for(lambda: uid not in {p.metadata.uid for p in job_pods(cluster, ns, name)}, 30, "a rank gone")
         if stage == "fenced":
             cluster.restore_node(dead)  # capacity back while nobody leads
@@ -281,20 +282,24 @@ def test_node_lost_while_the_leader_is_frozen_and_when_it_thaws_it_writes_nothin
     wait_for(lambda: not process_alive(pid), 60, "the thawed leader exiting")
     print(f"\nnode {dead} lost with {old} frozen: attempt 2 running {recovered:.1f}s after the freeze, "
           f"under {new}; {old} thawed and exited")  # fmt: skip
-    wait_for(lambda: (p := next((q for q in operator_pods(cluster) if q.metadata.name == old), None)) is not None
-             and pod_pid(p) not in (None, pid), 90, "the old leader's container restarted (as a standby)")  # fmt: skip
-    final = ended_right(cluster, ns, name, job, reference, dead, 3)
+    # it wrote nothing between the freeze and its exit: not the status, not a pod, not an event (looked at at
+    # once: its pod's restarted container writes under the same name, and may lead later, rightly, if the
+    # new leader in turn misses a renewal on a loaded machine)
     assert leader_name(cluster) == new
-    # it wrote nothing after the freeze: not the status, not a pod, not an event
+    # managedFields times are whole seconds, and a write the leader sent just before it froze (the first
+    # checkpoint's status) lands after: a second of slack
+    after = frozen_at + timedelta(seconds=1)
     job_now = custom(cluster).get_namespaced_custom_object(c.GROUP, c.VERSION, ns, c.PLURAL, name)
-    stale = [t for t in written_by(job_now, old) if t > frozen_at]
+    stale = [t for t in written_by(job_now, old) if t > after]
     assert not stale, f"{old} wrote the job after it froze: {stale}"
     for pod in job_pods(cluster, ns, name):
-        assert not [t for t in written_by(pod, old) if t > frozen_at], pod.metadata.name
+        assert not [t for t in written_by(pod, old) if t > after], pod.metadata.name
     evs = core(cluster).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    late = [e.reason for e in evs if e.reporting_instance == old and e.metadata.creation_timestamp > frozen_at]
+    late = [e.reason for e in evs if e.reporting_instance == old and e.metadata.creation_timestamp > after]
     assert not late, late
-    assert final["history"][-1]["attempt"] == 2
+    wait_for(lambda: (p := next((q for q in operator_pods(cluster) if q.metadata.name == old), None)) is not None
+             and pod_pid(p) not in (None, pid), 90, "the old leader's container restarted (as a standby)")  # fmt: skip
+    ended_right(cluster, ns, name, job, reference, dead, 3)
     two_replicas(cluster)
 
 
