@@ -1,12 +1,12 @@
-"""A real Kubernetes control plane plus simulated process-running nodes, for integration and e2e tests.
+"""Simulated process-running nodes on the local control plane (e2e.controlplane), for integration and e2e tests.
 
     from e2e.localcluster import Cluster
     with Cluster.start("demo") as c:
         c.add_node("n1", gpus=2)
         c.kubectl("get", "nodes")
 
-Use `e2e.get_cluster()` to let RTJ_CLUSTER choose between this backend and kind; this package never
-imports the kind one.
+Use `e2e.get_cluster()` to let RTJ_CLUSTER choose the backend; this package imports no other node
+backend (.importlinter).
 """
 
 from __future__ import annotations
