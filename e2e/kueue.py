@@ -105,7 +105,7 @@ def install(cluster: ControlPlane, timeout: float = 120) -> None:
     (cert_dir / "tls.key").write_bytes(key.read_bytes())
     client_crt, client_key = pki.issue("kueue", "kueue-controller-manager", ("system:masters",))
     kubeconfig = cert_dir / "kubeconfig"
-    cluster._write_kubeconfig(kubeconfig, "kueue", client_crt, client_key)
+    cluster.write_kubeconfig(kubeconfig, "kueue", client_crt, client_key)
     config = cert_dir / "config.yaml"
     config.write_text(yaml.safe_dump(_config(cert_dir)))
     # Without its own cert management the manager reads a metrics certificate from the fixed path
@@ -125,7 +125,7 @@ def install(cluster: ControlPlane, timeout: float = 120) -> None:
         "--feature-gates=VisibilityOnDemand=false"])  # its API server wants certs at /visibility; unused
 
     def ready() -> bool:
-        cluster._check_alive()
+        cluster.check_alive()
         try:
             get = lambda: urllib.request.urlopen(f"http://127.0.0.1:{HEALTH_PORT}/readyz", timeout=2).status  # noqa: E731
             return bool(cluster.in_netns(get) == 200)

@@ -286,7 +286,8 @@ class ControlPlane(ClusterTools):
         """The apiserver as the control plane, the nodes and the pods reach it (inside the namespace)."""
         return f"https://{self.api_host}:{self.api_port}"
 
-    def _write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path, *, internal: bool = True) -> None:
+    def write_kubeconfig(self, path: Path, user: str, cert: Path, key: Path, *, internal: bool = True) -> None:
+        """A kubeconfig for `user` (client cert and key), pointing inside the namespace unless not `internal`."""
         cfg = {
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": self.name, "cluster": {"server": self.internal_api_url if internal else self.api_url,
@@ -322,10 +323,10 @@ class ControlPlane(ClusterTools):
         admin_crt, admin_key = pki.issue("admin", "kubernetes-admin", ("system:masters",))
         kcm_crt, kcm_key = pki.issue("controller-manager", "system:kube-controller-manager")
         sch_crt, sch_key = pki.issue("scheduler", "system:kube-scheduler")
-        self._write_kubeconfig(self.kubeconfig, "admin", admin_crt, admin_key, internal=False)
+        self.write_kubeconfig(self.kubeconfig, "admin", admin_crt, admin_key, internal=False)
         kcm_kc, sch_kc = d / "controller-manager.kubeconfig", d / "scheduler.kubeconfig"
-        self._write_kubeconfig(kcm_kc, "system:kube-controller-manager", kcm_crt, kcm_key)
-        self._write_kubeconfig(sch_kc, "system:kube-scheduler", sch_crt, sch_key)
+        self.write_kubeconfig(kcm_kc, "system:kube-controller-manager", kcm_crt, kcm_key)
+        self.write_kubeconfig(sch_kc, "system:kube-scheduler", sch_crt, sch_key)
         etcd_health = f"http://127.0.0.1:{etcd_port}/health"
         wait_for(lambda: self.in_netns(lambda: urllib.request.urlopen(etcd_health, timeout=2).status == 200),
                  timeout, "etcd /health")
@@ -354,14 +355,14 @@ class ControlPlane(ClusterTools):
         insecure.verify_mode = ssl.CERT_NONE
 
         def ok(url: str, context: ssl.SSLContext, inside: bool = True) -> bool:
-            self._check_alive()
+            self.check_alive()
             get = lambda: urllib.request.urlopen(url, timeout=2, context=context).status == 200  # noqa: E731
             return self.in_netns(get) if inside else get()
 
         # Through the forwarder, as every host-side client will come in.
         wait_for(lambda: ok(f"{self.api_url}/readyz", ctx, inside=False), timeout, "kube-apiserver /readyz")
         dns_crt, dns_key = pki.issue("dns", "system:rtj-dns")
-        self._write_kubeconfig(d / "dns.kubeconfig", "system:rtj-dns", dns_crt, dns_key)
+        self.write_kubeconfig(d / "dns.kubeconfig", "system:rtj-dns", dns_crt, dns_key)
         self.kubectl("apply", "-f", "-", input=json.dumps(DNS_RBAC))
         # RBAC bootstrap must be in place first: the controllers exit on a 403 at startup.
         self._spawn("kube-controller-manager", [
@@ -430,7 +431,8 @@ class ControlPlane(ClusterTools):
     def _save(self) -> None:
         (self.dir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise, with its log's tail, when the forwarder or a component has exited (while waiting on one)."""
         if self._forwarder is not None and self._forwarder.poll() is not None:
             raise RuntimeError(f"the API forwarder exited; see {self.dir / 'logs' / 'api-forward.log'}")
         for comp in self.components.values():
@@ -486,7 +488,7 @@ class ControlPlane(ClusterTools):
             raise ValueError("at most 250 nodes per cluster")
         address = network.add_node_address(self.netns, index, self.subnet)
         crt, key = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
-        self._write_kubeconfig(ndir / "kubeconfig", f"system:node:{name}", crt, key)
+        self.write_kubeconfig(ndir / "kubeconfig", f"system:node:{name}", crt, key)
         # The kubelet API (logs) is served on the node's InternalIP, verified by the apiserver.
         serving_crt, serving_key = self.pki.issue(f"node-{name}-serving", f"system:node:{name}", ("system:nodes",),
                                                   server=True, client=False, dns=(name,), ips=(address,))

@@ -100,7 +100,7 @@ class RealCluster(ControlPlane):
         ready = f"http://127.0.0.1:{config.COREDNS_READY_PORT}/ready"
 
         def dns_ready() -> bool:
-            self._check_alive()
+            self.check_alive()
             return self.in_netns(lambda: urllib.request.urlopen(ready, timeout=2).status == 200)
 
         wait_for(dns_ready, 60, "CoreDNS /ready")
@@ -111,14 +111,14 @@ class RealCluster(ControlPlane):
         for its Node to exist, so it starts once one does (Services need a node to have pods anyway)."""
         d = self.dir / "addons"
         crt, key = self.pki.issue("kube-proxy", "system:kube-proxy")
-        self._write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
+        self.write_kubeconfig(d / "kube-proxy.kubeconfig", "system:kube-proxy", crt, key)
         (d / "kube-proxy.yaml").write_text(config.to_json(
             config.kube_proxy_config(d / "kube-proxy.kubeconfig", self.api_host, node)))
         self._spawn("kube-proxy", [f"--config={d / 'kube-proxy.yaml'}", "--v=1"],
                     binary=self.node_bin_dir / "kube-proxy")
         # kube-proxy has programmed the `kubernetes` Service once its chain holds a rule for it.
         def programmed() -> bool:
-            self._check_alive()
+            self.check_alive()
             return "default/kubernetes" in self._nsenter_net("iptables-save", "-t", "nat").stdout
 
         wait_for(programmed, 60, "kube-proxy rules for default/kubernetes")
