@@ -41,6 +41,14 @@ def wait_steps(cluster: ClusterLike, ns: str, pod: str, steps: int, timeout: flo
              f"{steps} steps in {pod}")
 
 
+def started(cluster: ClusterLike, ns: str, name: str) -> list[Any]:
+    """The job submitted, its first attempt running and past step 5; its pods."""
+    submit(cluster, ns, name)
+    old = running_attempt(cluster, ns, name, 1, 3, timeout=180)
+    wait_steps(cluster, ns, old[0].metadata.name, 5)
+    return old
+
+
 def moved_at_its_step(cluster: ClusterLike, ns: str, name: str, old: list[Any], node: str, t0: float) -> dict[str, Any]:
     """The new attempt runs without `node`, resumed from the step the old one was stopped at, and its
     goodput matches what the harness saw. Returns the figures."""
@@ -77,9 +85,7 @@ def moved_at_its_step(cluster: ClusterLike, ns: str, name: str, old: list[Any], 
 @pytest.mark.timeout(420)
 def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "cordon"
-    submit(cluster, ns, name)
-    old = running_attempt(cluster, ns, name, 1, 3, timeout=180)
-    wait_steps(cluster, ns, old[0].metadata.name, 5)
+    old = started(cluster, ns, name)
     node = node_of(old, "1")
     t0 = time.monotonic()
     cluster.kubectl("cordon", node)
@@ -92,9 +98,7 @@ def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns:
 @pytest.mark.timeout(420)
 def test_kubectl_drain_completes_and_the_job_continues_from_its_step(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "drain"
-    submit(cluster, ns, name)
-    old = running_attempt(cluster, ns, name, 1, 3, timeout=180)
-    wait_steps(cluster, ns, old[0].metadata.name, 5)
+    old = started(cluster, ns, name)
     pdbs = cluster.kubectl("get", "pdb", "-n", ns, "-o", "name").stdout.split()
     assert pdbs == [f"poddisruptionbudget.policy/{name}-a1"]
     node = node_of(old, "2")
