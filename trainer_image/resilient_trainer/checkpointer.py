@@ -188,6 +188,7 @@ class Checkpointer:
         self._staging: tuple[str, Future] | None = None
         self.staging_wait_s = 0.0  # time the loop waited for background staging (last save)
         self._lock = threading.Lock()
+        self._callback_ran = threading.Event()
         # One retention pass at a time, off the training thread (rank 0 only).
         self._retention = ThreadPoolExecutor(1, thread_name_prefix="rtj-retention") if ctx.rank == 0 else None
         # Parameters must not change while they are being copied: the optimizer waits for staging; and an
@@ -327,7 +328,8 @@ class Checkpointer:
                 staging = None
                 if not isinstance(future, Future):  # AsyncSaveResponse: staging still running
                     staging, future = future.staging_completion, future.upload_completion
-                future.add_done_callback(functools.partial(self._committed, path))
+                self._callback_ran = threading.Event()  # wait() returns only after _committed ran
+                future.add_done_callback(functools.partial(self._committed, path, self._callback_ran))
                 with self._lock:
                     self._inflight = (path, future)
                     self._staging = (path, staging) if staging is not None else None
@@ -374,6 +376,7 @@ class Checkpointer:
         except (Exception, CheckpointException) as exc:
             self._raise_fenced(path, exc)
             raise CheckpointError(f"saving checkpoint {path} failed: {_describe(exc)}") from exc
+        self._callback_ran.wait()  # a Future runs its callbacks after result() may already return
         self.last_saved = path  # retention started when it was committed (_committed)
         return path
 
@@ -382,11 +385,13 @@ class Checkpointer:
         if self.attempt is not None and (newer := self.newer_attempt()) is not None:
             raise FencedError(path, self.attempt, newer) from exc
 
-    def _committed(self, path: str, upload: Future) -> None:
+    def _committed(self, path: str, ran: threading.Event, upload: Future) -> None:
         """In the upload thread, right after `.metadata` was committed: start retention (rank 0)."""
-        if upload.cancelled() or upload.exception() is not None:
-            return
-        self._after_save(path, background=True)
+        try:
+            if not upload.cancelled() and upload.exception() is None:
+                self._after_save(path, background=True)
+        finally:
+            ran.set()
 
     def _after_save(self, path: str, background: bool = False) -> None:
         self.last_saved = path
