@@ -173,7 +173,7 @@ def ended_right(cluster: Cluster, ns: str, name: str, job: dict[str, Any], refer
     assert {p.metadata.labels[c.LABEL_ATTEMPT] for p in pods} == {"2"} and len(pods) == replicas
     assert all(p.spec.node_name != dead for p in pods) or replicas == 4
     rank0 = next(p.metadata.name for p in pods if p.metadata.labels[c.LABEL_RANK] == "0")
-    result = scenarios.result_line(scenarios.trainer_log(cluster, ns, rank0))
+    result = scenarios.result_line(cluster.pod_log(ns, rank0, "trainer"))  # not the gate's log
     assert result and result["step"] == str(scenarios.STEPS) and result["world_size"] == str(replicas), result
     state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
     diff = scenarios.relative_difference(reference["model"], state["model"])
@@ -185,7 +185,7 @@ def ended_right(cluster: Cluster, ns: str, name: str, job: dict[str, Any], refer
 STAGES = ("recorded", "fenced", "created")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # ~3 min alone; seen at 10 min on 2 cores at load 45
 @pytest.mark.parametrize("stage", STAGES)
 def test_leader_killed_at_a_stage_of_a_node_loss_recovery_the_standby_finishes_it(
     cluster: Cluster, namespace: str, reference: dict[str, Any], stage: str
