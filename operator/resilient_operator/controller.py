@@ -17,7 +17,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resilient_contract import layout, progress
+from resilient_contract import progress
+from resilient_contract.storage import roots
+from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
@@ -48,7 +50,7 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch or None
 
 
-Observed = tuple[dict[str, Any], Job, list[PodView], dict[str, NodeView], layout.Listing, dict[str, progress.Report]]
+Observed = tuple[dict[str, Any], Job, list[PodView], dict[str, NodeView], Listing, dict[str, progress.Report]]
 
 
 def observe(cache: ClusterCache, namespace: str, name: str, config: OperatorConfig | None = None,
@@ -62,13 +64,13 @@ def observe(cache: ClusterCache, namespace: str, name: str, config: OperatorConf
     pods = [views.pod_view(p) for p in cache.job_pods(namespace, name)]
     nodes = cache.node_views()
     if job.problem:  # the core refuses the job; nothing to read
-        return obj, job, pods, nodes, layout.Listing("", None, (), None, True), {}
+        return obj, job, pods, nodes, Listing("", None, (), None, True), {}
     key = views.root_key(obj)
     if key and (holder := views.root_holder(job, obj, cache.jobs_with_root(key))):
         job = dataclasses.replace(job, root_in_use_by=holder)  # refused (RootInUse): nothing to read either
-        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, (), None, True), {}
+        return obj, job, pods, nodes, Listing(job.spec.checkpoint_root, None, (), None, True), {}
     if not needs_discovery(job, pods, nodes, cache.clock.now(), config or OperatorConfig()):
-        return obj, job, pods, nodes, layout.Listing(job.spec.checkpoint_root, None, reason=c.DISCOVERY_SKIPPED), {}
+        return obj, job, pods, nodes, Listing(job.spec.checkpoint_root, None, reason=c.DISCOVERY_SKIPPED), {}
     # Sandboxed (worker process, deadline, limits): the root is written by the job's own pods.
     attempt = job.status.get("attempt")
     ours = [p.name for p in pods if p.owner_uid == job.uid and p.attempt == attempt] \
@@ -84,7 +86,7 @@ def read_progress(job: Job, pods: list[PodView], now: datetime | None = None,
     read (discovery.read_reports: relative to the root's fd, no link followed, bounded, parsed); nothing is
     read here, in the operator's own process."""
     root = job.spec.checkpoint_root
-    if not (root.startswith("/") or root.startswith("file://")) or not found:
+    if roots.is_object_store(root) or not found:
         return []  # an s3:// root: the launchers' reports are files on a shared volume, not objects
     attempt = int(job.status.get("attempt") or 0) if isinstance(job.status.get("attempt"), int) else 0
     out = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from resilient_contract.layout import Listing
+from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
 from resilient_operator.core import badnodes
 from resilient_operator.core.model import Job, NodeView, OperatorConfig, PodView, Progress, WorkloadView

@@ -12,7 +12,7 @@ from typing import Any
 
 from resilient_contract import completion, environment, progress
 from resilient_contract.environment import WorkerEnv
-from resilient_contract.layout import Verdict
+from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core.drain import pdb_name
 from resilient_operator.core.model import Job

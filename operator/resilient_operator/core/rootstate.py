@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from resilient_contract import layout
-from resilient_contract.layout import Listing
+from resilient_contract.storage import errors
+from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
 
 # An unreadable checkpoint root is retried this often; a fix to a volume sends no event either.
@@ -19,12 +19,12 @@ STORAGE_RETRY_SECONDS = 15.0
 DISCOVERY_BUSY_RETRY_SECONDS = 1.0
 # What a user should do about a checkpoint root discovery refused, by the reason it gave.
 ADVICE = {
-    layout.REASON_ROOT_OUTSIDE_AREA: "no pods are created; set spec.checkpoint.root inside the namespace's area",
-    layout.REASON_INVALID_ROOT: "no pods are created; spec.checkpoint.root must be a plain absolute path",
-    layout.REASON_ROOT_SYMLINK: "no pods are created; spec.checkpoint.root must not pass through a symlink",
-    layout.REASON_DISCOVERY_TIMED_OUT: "reading the checkpoint root took too long (a hung volume, or a file that "
+    errors.REASON_ROOT_OUTSIDE_AREA: "no pods are created; set spec.checkpoint.root inside the namespace's area",
+    errors.REASON_INVALID_ROOT: "no pods are created; spec.checkpoint.root must be a plain absolute path",
+    errors.REASON_ROOT_SYMLINK: "no pods are created; spec.checkpoint.root must not pass through a symlink",
+    errors.REASON_DISCOVERY_TIMED_OUT: "reading the checkpoint root took too long (a hung volume, or a file that "
     "is too costly to check); it is retried, and the job does not restart from scratch meanwhile",
-    layout.REASON_DISCOVERY_FAILED: "checking the checkpoint root failed (a file too large or malformed to "
+    errors.REASON_DISCOVERY_FAILED: "checking the checkpoint root failed (a file too large or malformed to "
     "check within the operator's limits); it is retried, and the job does not restart from scratch meanwhile",
 }
 DEFAULT_ADVICE = ("the job will not restart until the checkpoint root is readable by the operator (check the "
@@ -52,7 +52,7 @@ def judge(listing: Listing, root: str, in_use_by: str | None, seen_before: bool)
                    "this job its own spec.checkpoint.root, or set spec.checkpoint.shareRoot: true on both jobs "
                    "to share it on purpose")
         return RootState(False, c.REASON_ROOT_IN_USE, message, message, STORAGE_RETRY_SECONDS)
-    if listing.reason == layout.REASON_DISCOVERY_BUSY:  # not the storage's doing: its condition stays as it is
+    if listing.reason == errors.REASON_DISCOVERY_BUSY:  # not the storage's doing: its condition stays as it is
         return RootState(None, retry=DISCOVERY_BUSY_RETRY_SECONDS)
     if listing.error and not listing.missing:
         reason = listing.reason or c.REASON_STORAGE_UNREADABLE

@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, cast
 
-from resilient_contract.layout import Listing
+from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
 from resilient_operator.core import (
     badnodes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from resilient_contract.layout import step_dir_name
+from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import capacity, drain, goodput, history, render, rootstate, settle
 from resilient_operator.core.steps.draft import FENCE_RECHECK_SECONDS, Draft, Inputs

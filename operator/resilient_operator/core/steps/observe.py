@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 
 from resilient_contract import completion
-from resilient_contract.layout import step_dir_name
+from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import goodput, history, rootstate
 from resilient_operator.core.conditions import get_condition

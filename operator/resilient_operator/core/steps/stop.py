@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from resilient_contract.layout import step_dir_name
+from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
 from resilient_operator.core import badnodes, budgets, drain, failures, goodput, growback
 from resilient_operator.core.model import PodView

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from resilient_contract.layout import Verdict
+from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core import drain, failures, goodput, growback, history, render, stragglers
 from resilient_operator.core.conditions import get_condition
