@@ -70,14 +70,14 @@ def gather_upload(model: torch.nn.Module, opt: torch.optim.Optimizer, ctx: rdist
                   key: str) -> float:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from resilient_contract import s3store
+    from resilient_contract import storage
 
     dist.barrier(group=ctx.checkpoint_group)
     t0 = time.perf_counter()
     msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if ctx.rank == 0:
         torch.save({"model": msd, "optim": osd}, local)
-        s3store.filesystem().put_file(str(local), key)
+        storage.s3.filesystem().put_file(str(local), key)
         local.unlink()
     del msd, osd
     dist.barrier(group=ctx.checkpoint_group)

@@ -20,7 +20,7 @@ import yaml
 
 from e2e.cluster import ClusterLike, wait_for
 from e2e.support import HOST_DIR, MOUNT, events, get_job, job_pods, wait_phase
-from resilient_contract import layout, lineage
+from resilient_contract import lineage, storage
 from resilient_operator import constants as c
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +83,12 @@ def host_root(cluster: ClusterLike, job: dict[str, Any]) -> Path:
     return cluster.host_path(HOST_DIR + rel)
 
 
-def first_complete_checkpoint(cluster: ClusterLike, job: dict[str, Any], timeout: float = 180) -> layout.Verdict:
+def first_complete_checkpoint(cluster: ClusterLike, job: dict[str, Any], timeout: float = 180) -> storage.Verdict:
     root = host_root(cluster, job)
-    return wait_for(lambda: root.is_dir() and layout.latest_complete(layout.LocalStore(str(root))), timeout,
-                    "the first complete checkpoint")  # fmt: skip
+    def latest() -> storage.Verdict | None:
+        return storage.scan(storage.LocalStore(str(root)), storage.UNBOUNDED_SCAN).latest if root.is_dir() else None
+
+    return wait_for(latest, timeout, "the first complete checkpoint")
 
 
 def trainer_log(cluster: ClusterLike, namespace: str, pod: str) -> str:
@@ -190,7 +192,7 @@ def fenced_gang_outcome(cluster: Any, ns: str, name: str, node: str, root: Path,
     assert node in story[0], story
     final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
     assert any(h.get("lateWrite") for h in final["history"] if h["attempt"] == 1), final["history"]
-    latest = layout.discover(str(root), job=uid).latest
+    latest = storage.discover(str(root), job=uid).latest
     assert latest is not None
     writer = lineage.parse_writer((Path(latest.path) / lineage.WRITER_FILE).read_bytes())
     assert writer == (uid, 2), (latest, writer)

@@ -23,7 +23,7 @@ import pytest
 from e2e.cluster import ClusterLike, HasNetns, Partitionable, RestartableControlPlane, wait_for
 from e2e.controlplane.binaries import REPO_ROOT
 from resilient_contract import environment
-from resilient_contract.layout import step_dir_name
+from resilient_contract.storage import step_dir_name
 from resilient_operator import constants as c
 
 ROOT = REPO_ROOT

@@ -311,11 +311,11 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
     per-pod start-up that would not fit this suite's time on a 2-core machine."""
     import threading
 
-    from resilient_contract import layout
+    from resilient_contract import storage
     from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
     root = tmp_path / "ckpt"
-    store = layout.LocalStore(str(root))
+    store = storage.LocalStore(str(root))
     common = [*SMALL_MODEL, "--global-batch", "8", "--micro-batch", "2", "--steps", "100000",
               "--checkpoint-every", "1", "--keep-last", "1", "--collective-timeout", "20",
               "--checkpoint-root", str(root)]  # fmt: skip
@@ -325,7 +325,7 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
     def watch() -> None:
         while not stop.is_set():
             try:
-                latest = layout.latest_complete(store)
+                latest = storage.scan(store, storage.UNBOUNDED_SCAN).latest
             except OSError:
                 latest = None
             if latest and (not seen or latest.step > seen[-1]):
@@ -340,9 +340,9 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
         wait_for(lambda: len(parse(run.output(0), "RTJ_CHECKPOINT")) >= 4, 180, "four saves", interval=0.1)
         run.kill()  # every rank at once, mid-save (it saves every step)
         time.sleep(0.2)  # let the watcher take one more look
-        first = layout.latest_complete(store)
+        first = storage.scan(store, storage.UNBOUNDED_SCAN).latest
         assert first is not None and seen and first.step >= seen[-1], (seen, first)
-        print(f"\nrun 1 killed: newest complete seen {seen[-1]}, on disk {first.step}, dirs {layout.step_dirs(store)}")
+        print(f"\nrun 1 killed: newest complete seen {seen[-1]}, on disk {first.step}, dirs {storage.step_dirs(store)}")
 
         resume = first.path
         run = launcher.start(2, [*common, "--resume-from", resume])
@@ -350,14 +350,14 @@ def test_node_killed_during_saves_never_costs_newest_complete_or_resume_source(t
                  180, "resumed and four more saves", interval=0.1)  # fmt: skip
         assert parse(run.output(0), "RTJ_RESUMED")[0]["from"] == resume
         for _ in range(3):  # and while it keeps saving: the resume source is never deleted
-            assert layout.check_step(store, Path(resume).name).complete
+            assert storage.check_step(store, Path(resume).name).complete
             time.sleep(0.3)
         run.kill()
         time.sleep(0.2)
-        second = layout.latest_complete(store)
+        second = storage.scan(store, storage.UNBOUNDED_SCAN).latest
         assert second is not None and second.step >= seen[-1] > first.step, (seen, second)
-        assert layout.check_step(store, Path(resume).name).complete, "the resume source was deleted"
-        print(f"run 2 killed: newest complete seen {seen[-1]}, on disk {second.step}, dirs {layout.step_dirs(store)}")
+        assert storage.check_step(store, Path(resume).name).complete, "the resume source was deleted"
+        print(f"run 2 killed: newest complete seen {seen[-1]}, on disk {second.step}, dirs {storage.step_dirs(store)}")
     finally:
         stop.set()
         launcher.cleanup()

@@ -29,7 +29,7 @@ from e2e.support import (
     wait_operator_ready,
     wait_phase,
 )
-from resilient_contract import environment, layout, s3store
+from resilient_contract import environment, storage
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
@@ -86,13 +86,13 @@ def s3_job(namespace: str, name: str, root: str, **kw: Any) -> dict[str, Any]:
     return job
 
 
-def newest_complete(server: S3Server, root: str) -> layout.Verdict | None:
+def newest_complete(server: S3Server, root: str) -> storage.Verdict | None:
     admin = server.admin
-    creds = s3store.S3Credentials(admin.access_key, admin.secret_key, server.local_endpoint, REGION)
-    store = s3store.S3Store(root, creds)
+    creds = storage.s3.S3Credentials(admin.access_key, admin.secret_key, server.local_endpoint, REGION)
+    store = storage.s3.S3Store(root, creds)
     try:
-        return layout.latest_complete(store)
-    except layout.StorageError:
+        return storage.scan(store, storage.UNBOUNDED_SCAN).latest
+    except storage.StorageError:
         return None
     finally:
         store.close()
@@ -139,7 +139,7 @@ def test_node_loss_with_an_s3_root_resumes_smaller_from_the_bucket(
     assert any("restarted 4 -> 3 workers" in e for e in events(cluster, ns, name))
     # retention ran in the bucket and kept the resume source
     assert newest_complete(server, root) is not None
-    source = layout.check_step(s3store.S3Store(root, s3store.S3Credentials(
+    source = storage.check_step(storage.s3.S3Store(root, storage.s3.S3Credentials(
         server.admin.access_key, server.admin.secret_key, server.local_endpoint, REGION)), resumed["path"].rsplit(
         "/", 1)[1])  # fmt: skip
     assert source.complete, source
@@ -162,5 +162,5 @@ def test_a_bucket_outside_the_namespaces_area_is_refused_with_a_condition(
         return cond if cond and cond["status"] == "False" else None
 
     cond = wait_for(refused, 60, "CheckpointStorageReady=False")
-    assert cond["reason"] == layout.REASON_ROOT_OUTSIDE_AREA, cond
+    assert cond["reason"] == storage.errors.REASON_ROOT_OUTSIDE_AREA, cond
     assert not job_pods(cluster, ns, name)

@@ -36,7 +36,7 @@ from e2e.support import (
     running_attempt,
     wait_phase,
 )
-from resilient_contract import environment, layout, lineage
+from resilient_contract import environment, lineage, storage
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster,
@@ -163,8 +163,8 @@ def test_node_loss_with_the_trainer_image_restarts_smaller_with_the_right_model(
     rank0 = next(p.metadata.name for p in job_pods(cl, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
     result = scenarios.result_line(scenarios.trainer_log(cl, ns, rank0))
     assert result and result["step"] == str(STEPS) and result["world_size"] == "2", result
-    source = layout.check_step(layout.LocalStore(str(scenarios.host_root(cl, job))),
-                               layout.step_dir_name(resumed["step"]))
+    source = storage.check_step(storage.LocalStore(str(scenarios.host_root(cl, job))),
+                               storage.step_dir_name(resumed["step"]))
     assert source.complete, source
     state = torch.load(scenarios.host_root(cl, job).with_suffix(".pt"), weights_only=False)
     diff = scenarios.relative_difference(reference["model"], state["model"])

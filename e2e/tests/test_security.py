@@ -28,7 +28,7 @@ from e2e import support
 from e2e.cluster import ClusterLike, wait_for
 from e2e.support import CHART, HOST_DIR, MOUNT, OPERATOR_NS, RELEASE
 from e2e.tests.operator_fixtures import namespace  # noqa: F401  (fixture)
-from resilient_contract import layout
+from resilient_contract import storage
 from resilient_operator import constants as c
 from tests.contracts.test_crd import INVALID
 
@@ -93,9 +93,9 @@ def test_crafted_metadata_never_runs_and_is_skipped(cluster: ClusterLike, namesp
     marker = Path(f"/dev/shm/rtj-pwned-{namespace}")  # visible to every pod process and to this test
     marker.unlink(missing_ok=True)
     restarts = support.operator_restarts(cluster)
-    (evil / layout.METADATA_FILE).write_bytes(pickle.dumps(_RunsCode(f"touch {marker}"), protocol=2))
+    (evil / storage.METADATA_FILE).write_bytes(pickle.dumps(_RunsCode(f"touch {marker}"), protocol=2))
     # the same reader the operator uses, here first: rejected without running
-    verdict = layout.check_step(layout.LocalStore(str(root)), "step-0000000024")
+    verdict = storage.check_step(storage.LocalStore(str(root)), "step-0000000024")
     assert not verdict.complete and "unsafe" in verdict.reason and not marker.exists()
 
     support.apply(cluster, support.job_manifest("evil", namespace, replicas=2))

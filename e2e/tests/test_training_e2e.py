@@ -16,7 +16,7 @@ import pytest
 from e2e import scenarios, support
 from e2e.cluster import ClusterLike, wait_for
 from e2e.support import HOST_DIR, MOUNT, events, get_job, injected_env, job_pods, node_of, running_attempt, wait_phase
-from resilient_contract import environment, layout, lineage
+from resilient_contract import environment, lineage, storage
 from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
@@ -55,7 +55,7 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
     assert resumed["step"] >= first.step and resumed["step"] == timeline.resumed_step
     new = running_attempt(cluster, ns, name, 2, 3)
     assert injected_env(new[0])[environment.RESUME_FROM] == resumed["path"]
-    assert layout.parse_step_dir(Path(resumed["path"]).name) == resumed["step"]
+    assert storage.parse_step_dir(Path(resumed["path"]).name) == resumed["step"]
 
     final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
     assert final["restarts"]["infrastructure"] == 1 and final["restarts"]["application"] == 0
@@ -70,9 +70,9 @@ def test_node_loss_shrinks_resumes_and_ends_with_the_right_model(
     assert any(e.startswith(c.REASON_NODE_LOST) and timeline.node in e for e in story), story
     assert any("restarted 4 -> 3 workers" in e for e in story), story
     # retention (spec.checkpoint.keep, injected) ran through the loss and never took the resume source
-    store = layout.LocalStore(str(scenarios.host_root(cluster, job)))
-    kept = [v for v in layout.scan_newest_first(store) if v.complete]
-    source = layout.check_step(store, layout.step_dir_name(resumed["step"]))
+    store = storage.LocalStore(str(scenarios.host_root(cluster, job)))
+    kept = [v for v in (storage.check_step(store, name) for _, name in storage.step_dirs(store)) if v.complete]
+    source = storage.check_step(store, storage.step_dir_name(resumed["step"]))
     assert source.complete, source
     assert len(kept) <= job["spec"]["checkpoint"]["keep"] + 1, [v.path for v in kept]  # + the resume source
 
@@ -85,9 +85,9 @@ def test_untrustworthy_checkpoints_are_never_injected(cluster: ClusterLike, job_
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     good = scenarios.first_complete_checkpoint(cluster, job)
     root = scenarios.host_root(cluster, job)
-    partial = root / layout.step_dir_name(good.step + 1000)
+    partial = root / storage.step_dir_name(good.step + 1000)
     partial.mkdir()
-    truncated = root / layout.step_dir_name(good.step + 2000)
+    truncated = root / storage.step_dir_name(good.step + 2000)
     import shutil
 
     shutil.copytree(good.path, truncated)
@@ -98,7 +98,7 @@ def test_untrustworthy_checkpoints_are_never_injected(cluster: ClusterLike, job_
     new = running_attempt(cluster, ns, name, 2, 3, timeout=120)
     injected = injected_env(new[0])[environment.RESUME_FROM]
     assert Path(injected).name not in (partial.name, truncated.name)
-    assert layout.parse_step_dir(Path(injected).name) >= good.step
+    assert storage.parse_step_dir(Path(injected).name) >= good.step
     def skipped() -> list[str]:
         story = events(cluster, ns, name)
         return story if sum(e.startswith(c.REASON_CHECKPOINT_SKIPPED) for e in story) >= 2 else []
@@ -236,8 +236,8 @@ def test_a_cut_off_gang_never_corrupts_the_checkpoint_lineage(
 
         def held() -> Path | None:
             for d in sorted(root.glob("step-*")):
-                if layout.parse_step_dir(d.name) > first.step and list(d.glob("*.distcp")) and \
-                        not (d / layout.METADATA_FILE).exists():
+                if storage.parse_step_dir(d.name) > first.step and list(d.glob("*.distcp")) and \
+                        not (d / storage.METADATA_FILE).exists():
                     return d
             return None
 
@@ -249,7 +249,7 @@ def test_a_cut_off_gang_never_corrupts_the_checkpoint_lineage(
     if caught_before_commit:
         release.touch()
         wait_for((caught / lineage.REFUSED_FILE).exists, 60, "the held rank 0 to find the mark and refuse")
-        assert not (caught / layout.METADATA_FILE).exists()
+        assert not (caught / storage.METADATA_FILE).exists()
     else:
         wait_for(lambda: any(root.glob(f"step-*/{lineage.REFUSED_FILE}")), 120, "a refused save of the old gang")
 

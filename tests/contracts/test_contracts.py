@@ -46,7 +46,7 @@ def test_layer_contracts_hold() -> None:
     [
         ("operator/resilient_operator/core/health.py", "import kopf", "never imports the shell"),
         ("operator/resilient_operator/core/capacity.py", "from resilient_operator import kube", "imports the shell"),
-        ("trainer_image/resilient_contract/layout.py", "import torch", "imports neither torch"),
+        ("trainer_image/resilient_contract/storage/scan.py", "import torch", "imports neither torch"),
         ("trainer_image/resilient_trainer/state.py", "import resilient_operator.core", "never imports the operator"),
     ],
 )

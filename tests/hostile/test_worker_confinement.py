@@ -61,7 +61,7 @@ def test_a_confined_worker_reads_the_storage_but_not_the_token_or_the_keys(tree:
         "        print('READ', secret)\n"
         "    except PermissionError:\n"
         "        print('denied')\n"
-        "import json, resilient_contract.layout  # the worker's own imports still work\n"
+        "import json, resilient_contract.storage  # the worker's own imports still work\n"
     )
     result = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=60,
                             check=False)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from resilient_contract.layout import Listing, Verdict
+from resilient_contract.storage import Listing, Verdict
 from resilient_operator import constants as c
 from resilient_operator import views
 from resilient_operator.core import Job, NodeView, PodView

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from resilient_contract.layout import Listing
+from resilient_contract.storage import Listing
 from resilient_operator import constants as c
 from resilient_operator import controller, discovery, views
 from resilient_operator.core import reconcile

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from resilient_contract import completion, environment
-from resilient_contract.layout import REASON_DISCOVERY_BUSY, Listing, Verdict
+from resilient_contract.storage import Listing, Verdict
+from resilient_contract.storage.errors import REASON_DISCOVERY_BUSY
 from resilient_operator import constants as c
 from resilient_operator.core import Job, NodeView, PodView, reconcile, render
 from resilient_operator.core.history import lineage_starts

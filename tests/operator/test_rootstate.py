@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_contract import layout
-from resilient_contract.layout import Listing
+from resilient_contract import storage
+from resilient_contract.storage import Listing
 from resilient_operator import constants as c
 from resilient_operator.core import rootstate
 from tests.operator.builders import listing
@@ -21,7 +21,7 @@ ROOT = "/ckpt/demo"
         ("readable", listing(10), None, False, True, c.REASON_STORAGE_OK, None, "is readable"),
         ("root used by another live job", listing(10), "ns/other", False, False, c.REASON_ROOT_IN_USE,
          rootstate.STORAGE_RETRY_SECONDS, "shareRoot"),
-        ("discovery busy: condition untouched", Listing(ROOT, None, reason=layout.REASON_DISCOVERY_BUSY), None,
+        ("discovery busy: condition untouched", Listing(ROOT, None, reason=storage.errors.REASON_DISCOVERY_BUSY), None,
          False, None, "", rootstate.DISCOVERY_BUSY_RETRY_SECONDS, ""),
         ("unreadable: generic advice", listing(error="permission denied"), None, False, False,
          c.REASON_STORAGE_UNREADABLE, rootstate.STORAGE_RETRY_SECONDS, "readable by the operator"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from resilient_contract import completion, layout, lineage, progress
+from resilient_contract import completion, lineage, progress, storage
 from resilient_operator import constants as c
 from resilient_operator import controller, discovery, views
 from resilient_operator.core import reconcile
@@ -154,7 +154,7 @@ def test_every_parser_answers_bounded_values_for_any_bytes(seed: int) -> None:
             assert 1 <= mark[1] < INT64 and (mark[2] is None or 0 <= mark[2] < INT64)
         writer = lineage.parse_writer(raw[: lineage.MAX_TOKEN_BYTES])
         assert writer is None or 0 <= writer[1] < 10**9
-        step = layout.parse_step_dir(text)
+        step = storage.parse_step_dir(text)
         assert step is None or 0 <= step < 10**10
         assert parse(text) is None or parse(text).year <= 9999
 

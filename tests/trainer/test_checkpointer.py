@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilient_contract import environment, layout
+from resilient_contract import environment, storage
 from resilient_trainer.checkpointer import Checkpointer, CheckpointError
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
@@ -66,7 +66,7 @@ def test_optimizer_step_right_after_async_save_does_not_leak_into_it(ctx: DistCo
     ts.step = 8
     assert ckpt.wait() == path
     ckpt.close()
-    assert layout.check_step(layout.open_store(str(tmp_path)), layout.step_dir_name(7)).complete
+    assert storage.check_step(storage.open_store(str(tmp_path)), storage.step_dir_name(7)).complete
 
     fresh_model, fresh_opt = make(seed=1)
     fresh_ts = TrainState()
@@ -81,7 +81,7 @@ def test_optimizer_step_right_after_async_save_does_not_leak_into_it(ctx: DistCo
 def test_fresh_directory_per_save(ctx: DistContext, tmp_path: Path) -> None:
     model, opt = make()
     ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
-    stale = tmp_path / layout.step_dir_name(5)
+    stale = tmp_path / storage.step_dir_name(5)
     stale.mkdir()
     (stale / "__9_0.distcp").write_bytes(b"old shard of a crashed attempt")
     path = ckpt.save(5)
@@ -98,7 +98,7 @@ def test_unloadable_checkpoint_fails_loudly(
     ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
     monkeypatch.delenv(environment.RESUME_FROM, raising=False)
     assert ckpt.resume() is None  # fresh start only when nothing was injected
-    partial = tmp_path / layout.step_dir_name(3)
+    partial = tmp_path / storage.step_dir_name(3)
     partial.mkdir()
     monkeypatch.setenv(environment.RESUME_FROM, str(partial))
     with pytest.raises(CheckpointError, match=str(partial)):
@@ -110,8 +110,8 @@ def test_unloadable_checkpoint_fails_loudly(
     other, other_opt = nn.Linear(3, 3), None
     other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
     Checkpointer(str(tmp_path), other, other_opt, ctx=ctx, async_save=False).save(4)
-    with pytest.raises(CheckpointError, match=layout.step_dir_name(4)):
-        ckpt.load(str(tmp_path / layout.step_dir_name(4)))
+    with pytest.raises(CheckpointError, match=storage.step_dir_name(4)):
+        ckpt.load(str(tmp_path / storage.step_dir_name(4)))
     ckpt.close()
 
 
@@ -144,12 +144,12 @@ def test_a_fenced_gang_cannot_save_and_says_why(ctx: DistContext, tmp_path: Path
     with pytest.raises(FencedError, match="attempt 2 of this job has started"):
         old.save(20)
     assert (tmp_path / "step-0000000020" / lineage.REFUSED_FILE).exists()
-    assert not (tmp_path / "step-0000000020" / layout.METADATA_FILE).exists()
-    found = layout.discover(str(tmp_path), job="job-1")  # what the operator sees: the attempt kept trying
+    assert not (tmp_path / "step-0000000020" / storage.METADATA_FILE).exists()
+    found = storage.discover(str(tmp_path), job="job-1")  # what the operator sees: the attempt kept trying
     assert found.latest is not None and found.latest.step == 10
     assert found.skipped[0].step == 20 and found.skipped[0].fenced_writer == 1
     assert new.save(20) == str(tmp_path / "step-0000000020.a2")  # the cut-off gang's directory is never shared
-    found = layout.discover(str(tmp_path), job="job-1")
+    found = storage.discover(str(tmp_path), job="job-1")
     assert found.latest is not None and found.latest.path.endswith("step-0000000020.a2")
     old.close()
     new.close()
@@ -175,6 +175,6 @@ def test_a_fence_that_lands_while_shards_are_written_stops_the_metadata(ctx: Dis
     release.touch()
     with pytest.raises(FencedError):
         old.wait()
-    assert not (Path(path) / layout.METADATA_FILE).exists()
-    assert layout.discover(str(root), job="job-1").latest is None
+    assert not (Path(path) / storage.METADATA_FILE).exists()
+    assert storage.discover(str(root), job="job-1").latest is None
     old.close()

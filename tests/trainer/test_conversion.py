@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.utils.data import TensorDataset
 
-from resilient_contract import completion, dcp_metadata, environment, layout
+from resilient_contract import completion, dcp_metadata, environment, storage
 from resilient_trainer import parallel
 from resilient_trainer.checkpointer import Checkpointer, ResumeNotLoadedError
 from resilient_trainer.data import GlobalBatchLoader, LossScaleError
@@ -81,14 +81,14 @@ def test_a_save_without_loading_the_injected_resume_point_is_refused(
 ) -> None:
     monkeypatch.delenv(environment.RESUME_FROM, raising=False)
     Checkpointer(str(tmp_path), *make(), ctx=ctx, async_save=False).save(4)
-    source = str(tmp_path / layout.step_dir_name(4))
+    source = str(tmp_path / storage.step_dir_name(4))
     monkeypatch.setenv(environment.RESUME_FROM, source)  # what --resume latest or the operator injects
     forgetful = Checkpointer(str(tmp_path), *make(), ctx=ctx, async_save=False)
     with pytest.raises(ResumeNotLoadedError, match=rf"resume from {source} .*call ckpt\.resume\(\)"):
         forgetful.save(1)
-    assert not (tmp_path / layout.step_dir_name(1)).exists(), "nothing written over the root"
+    assert not (tmp_path / storage.step_dir_name(1)).exists(), "nothing written over the root"
     assert forgetful.resume() == source
-    assert forgetful.save(5) == str(tmp_path / layout.step_dir_name(5))
+    assert forgetful.save(5) == str(tmp_path / storage.step_dir_name(5))
     forgetful.close()
 
 
@@ -215,7 +215,7 @@ def test_plain_python_train_py_runs_as_one_process(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "running as one process (W=1); for more, python -m resilient_trainer.launch --nproc-per-node N" in \
         done.stderr
-    latest = layout.latest_complete(layout.open_store(str(tmp_path / "ckpt")))
+    latest = storage.scan(storage.open_store(str(tmp_path / "ckpt")), storage.UNBOUNDED_SCAN).latest
     assert latest is not None and latest.step == 20
     assert completion.read_completed_marker(str(tmp_path / "ckpt"))["world_size"] == "1"  # type: ignore[index]
 
@@ -231,19 +231,19 @@ def test_no_save_outlives_its_process_group(launcher: Launcher, tmp_path: Path) 
     assert cases["record_success"]["pending_before"] == "True", "the save was still in flight"
     assert cases["record_success"]["pending_after"] == "False", "record_success waited for it"
     assert cases["shutdown"]["pending_after"] == "False", "shutdown finished the save before the group went"
-    store = layout.open_store(str(root))
+    store = storage.open_store(str(root))
     for step in (1, 2):  # real 2-rank checkpoints: both ranks' shards, committed by rank 0
-        name = layout.step_dir_name(step)
-        assert layout.check_step(store, name).complete, name
-        entries = dcp_metadata.storage_entries((root / name / layout.METADATA_FILE).read_bytes())
+        name = storage.step_dir_name(step)
+        assert storage.check_step(store, name).complete, name
+        entries = dcp_metadata.storage_entries((root / name / storage.METADATA_FILE).read_bytes())
         assert {e.relative_path.split("_")[2] for e in entries} == {"0", "1"}, name
     marker = root / completion.COMPLETED_MARKER_FILE
-    assert marker.stat().st_mtime_ns >= (root / layout.step_dir_name(1) / layout.METADATA_FILE).stat().st_mtime_ns
+    assert marker.stat().st_mtime_ns >= (root / storage.step_dir_name(1) / storage.METADATA_FILE).stat().st_mtime_ns
     # The group destroyed behind the Checkpointer's back: the save is refused, nothing to hand out.
     assert cases["destroyed"]["verdict"] == "refused", cases
-    assert not (root / layout.step_dir_name(3) / layout.METADATA_FILE).exists()
-    assert not list((root / layout.step_dir_name(3)).glob("*.distcp")), "no single-process shards"
-    assert layout.latest_complete(store).step == 2  # type: ignore[union-attr]
+    assert not (root / storage.step_dir_name(3) / storage.METADATA_FILE).exists()
+    assert not list((root / storage.step_dir_name(3)).glob("*.distcp")), "no single-process shards"
+    assert storage.scan(store, storage.UNBOUNDED_SCAN).latest.step == 2  # type: ignore[union-attr]
 
 
 # ---- issue 30.3: randomness -----------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_dropout_resumes_bitwise_at_the_same_world_size(launcher: Launcher, tmp_
 
     train(2, tmp_path / "ref", 7, tmp_path / "ref.pt")
     train(2, tmp_path / "first", 3)
-    source = tmp_path / "first" / layout.step_dir_name(3)
+    source = tmp_path / "first" / storage.step_dir_name(3)
     results = {}
     for world in (2, 1):
         out = train(world, tmp_path / f"r{world}", 7, tmp_path / f"r{world}.pt", resume=source)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilient_contract import completion, layout
+from resilient_contract import completion, storage
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse, wait_for
 
 pytestmark = pytest.mark.multiproc
@@ -53,15 +53,15 @@ def test_killed_run_resumes_exactly(launcher: Launcher, tmp_path: Path) -> None:
 
     def has_complete() -> bool:
         try:
-            return layout.latest_complete(layout.open_store(str(root_b))) is not None
-        except layout.StorageError:
+            return storage.scan(storage.open_store(str(root_b)), storage.UNBOUNDED_SCAN).latest is not None
+        except storage.StorageError:
             return False
 
     assert wait_for(has_complete, timeout=120), run_b.tail()
     run_b.kill(signal.SIGKILL)
     assert all(p.returncode == -signal.SIGKILL for p in run_b.ranks), run_b.tail()
     assert completion.read_completed_marker(str(root_b)) is None
-    latest = layout.latest_complete(layout.open_store(str(root_b)))
+    latest = storage.scan(storage.open_store(str(root_b)), storage.UNBOUNDED_SCAN).latest
     assert latest is not None and 0 < latest.step < STEPS, "the kill came too late to test a resume"
 
     results = {}

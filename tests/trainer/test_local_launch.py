@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import completion, layout
+from resilient_contract import completion, storage
 from resilient_trainer import launch
 from tests.trainer.harness import SMALL_MODEL, Launcher, base_env, parse, start_process, wait_for
 
@@ -68,21 +68,21 @@ def test_local_run_resume_latest_and_latest_command(launcher: Launcher, tmp_path
     assert first.wait(150) == [0], first.tail(40)
     root = tmp_path / "ck"  # relative to the launcher's cwd, exported as an absolute path
     assert parse(first.output(), "RTJ_START")[0]["world_size"] == "2"
-    assert parse(first.output(), "RTJ_CHECKPOINT")[-1]["path"] == str(root / layout.step_dir_name(3))
+    assert parse(first.output(), "RTJ_CHECKPOINT")[-1]["path"] == str(root / storage.step_dir_name(3))
     assert completion.read_completed_marker(str(root)) is not None
 
     # A newer, incomplete directory (a crashed save) is reported and skipped, by both commands.
-    (root / layout.step_dir_name(9)).mkdir()
+    (root / storage.step_dir_name(9)).mkdir()
     found = latest_cmd(root, env)
-    assert found.returncode == 0 and found.stdout.strip() == str(root / layout.step_dir_name(3))
-    assert f"skipped {root / layout.step_dir_name(9)}: no .metadata" in found.stderr
+    assert found.returncode == 0 and found.stdout.strip() == str(root / storage.step_dir_name(3))
+    assert f"skipped {root / storage.step_dir_name(9)}: no .metadata" in found.stderr
 
     second = start_process(launcher, [*LAUNCH, "--nproc-per-node", "1", "--checkpoint-root", str(root),
                                       "--resume", "latest", "--", *TINY, "--steps", "4"], env, "local2")
     assert second.wait(150) == [0], second.tail(40)
     out = second.output()
-    assert f"skipped {root / layout.step_dir_name(9)}" in out
-    assert parse(out, "RTJ_RESUMED") == [{"from": str(root / layout.step_dir_name(3)), "step": "3"}]
+    assert f"skipped {root / storage.step_dir_name(9)}" in out
+    assert parse(out, "RTJ_RESUMED") == [{"from": str(root / storage.step_dir_name(3)), "step": "3"}]
     assert [s["step"] for s in parse(out, "RTJ_STEP")] == ["4"]
     assert latest_cmd(tmp_path / "missing", env).returncode == 1
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import completion, layout
+from resilient_contract import completion, storage
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse, wait_for
 
 pytestmark = pytest.mark.multiproc
@@ -32,7 +32,7 @@ def test_sigterm_saves_and_exits(launcher: Launcher, tmp_path: Path) -> None:
     preempted = parse(run.output(), "RTJ_PREEMPTED")
     assert len(preempted) == 1
     step = int(preempted[0]["step"])
-    verdict = layout.check_step(layout.open_store(str(root)), layout.step_dir_name(step))
+    verdict = storage.check_step(storage.open_store(str(root)), storage.step_dir_name(step))
     assert verdict.complete and preempted[0]["checkpoint"] == verdict.path
     outcome = completion.read_termination_message(str(tmp_path / "termination-log"))
     assert outcome is not None and outcome.kind == completion.PREEMPTED

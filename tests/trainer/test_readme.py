@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from resilient_contract import completion, environment, layout
+from resilient_contract import completion, environment, storage
 from tests.trainer.harness import REPO, Launcher, base_env, start_process
 
 PLAIN = REPO / "trainer_image/resilient_trainer/examples/fsdp2_plain.py"
@@ -95,7 +95,7 @@ def test_readme_script_runs_locally(launcher: Launcher, tmp_path: Path) -> None:
                                  "python"))
     root = tmp_path / "ckpt"
     launch(launcher, tmp_path, "readme", 2, root, [str(script)])
-    latest = layout.latest_complete(layout.open_store(str(root)))
+    latest = storage.scan(storage.open_store(str(root)), storage.UNBOUNDED_SCAN).latest
     assert latest is not None and latest.step == 20
     assert completion.read_completed_marker(str(root)) == {"kind": completion.SUCCEEDED, "step": "20",
                                                            "world_size": "2"}
@@ -122,7 +122,7 @@ def test_converted_fsdp2_script_resumes_at_any_world_size(launcher: Launcher, tm
         shutil.copytree(tmp_path / "first", root)
         out = launch(launcher, tmp_path, f"resume{nproc}", nproc, root,
                      [str(converted), *common, "--steps", "9", "--out", str(tmp_path / f"r{nproc}.pt")], resume=True)
-        assert f"resuming from {root / layout.step_dir_name(4)}" in out
+        assert f"resuming from {root / storage.step_dir_name(4)}" in out
         assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == [
             str(s) for s in range(5, 10)
         ]

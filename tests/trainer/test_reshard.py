@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from resilient_contract import layout
+from resilient_contract import storage
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse
 
 pytestmark = pytest.mark.multiproc
@@ -52,7 +52,7 @@ def saved(module_launcher: Launcher) -> dict[int, tuple[Path, Path]]:
         module_launcher.run(
             w, [*COMMON, "--checkpoint-every", "0", "--checkpoint-root", str(root), "--dump-state", str(dump)]
         )
-        latest = layout.latest_complete(layout.open_store(str(root)))
+        latest = storage.scan(storage.open_store(str(root)), storage.UNBOUNDED_SCAN).latest
         assert latest is not None and latest.step == STEPS
         out[w] = (Path(latest.path), dump)
     return out
@@ -98,7 +98,7 @@ def test_ddp_checkpoint_loads_at_another_world_size(module_launcher: Launcher) -
     saved_dump, loaded_dump = module_launcher.tmp / "ddp-saved.pt", module_launcher.tmp / "ddp-loaded.pt"
     ddp = [*COMMON, "--parallel", "ddp", "--checkpoint-every", "0", "--checkpoint-root", str(root)]
     module_launcher.run(2, [*ddp, "--dump-state", str(saved_dump)])
-    ckpt = layout.latest_complete(layout.open_store(str(root)))
+    ckpt = storage.scan(storage.open_store(str(root)), storage.UNBOUNDED_SCAN).latest
     assert ckpt is not None and ckpt.step == STEPS
     module_launcher.run(1, [*ddp, "--resume-from", ckpt.path, "--dump-state", str(loaded_dump)])
     assert_bitwise_equal(torch.load(saved_dump, weights_only=False), torch.load(loaded_dump, weights_only=False))

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from resilient_contract import completion, layout
+from resilient_contract import completion, storage
 from resilient_trainer import retention
 from resilient_trainer.state import TrainState, accumulation_steps, micro_batches, mix_seed
 
 TORCH_FREE = ["resilient_trainer", "resilient_trainer.outcome", "resilient_trainer.worker",
-              "resilient_trainer.__main__", "resilient_contract.environment", "resilient_contract.layout",
+              "resilient_trainer.__main__", "resilient_contract.environment", "resilient_contract.storage",
               "resilient_contract.dcp_metadata", "resilient_contract.completion", "resilient_trainer.retention"]
 
 
@@ -45,20 +45,20 @@ def test_completion_message_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
         completion.format_message(completion.SUCCEEDED, path="has space")
     completion.write_completed_marker(str(tmp_path), step=5)
     assert completion.read_completed_marker(str(tmp_path)) == {"kind": completion.SUCCEEDED, "step": "5"}
-    assert layout.parse_step_dir(completion.COMPLETED_MARKER_FILE) is None
+    assert storage.parse_step_dir(completion.COMPLETED_MARKER_FILE) is None
 
 
 # ---- retention -------------------------------------------------------------------------------------
 def make_ckpt(root: Path, step: int, complete: bool = True) -> str:
-    path = root / layout.step_dir_name(step)
+    path = root / storage.step_dir_name(step)
     dcp.save({"w": torch.full((64,), float(step))}, checkpoint_id=str(path), no_dist=True)
     if not complete:
-        (path / layout.METADATA_FILE).unlink()
+        (path / storage.METADATA_FILE).unlink()
     return path.name
 
 
 def names(root: Path) -> list[int]:
-    return sorted(s for n in os.listdir(root) if (s := layout.parse_step_dir(n)) is not None)
+    return sorted(s for n in os.listdir(root) if (s := storage.parse_step_dir(n)) is not None)
 
 
 def test_retention_keeps_last_k_and_protected(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_retention_keeps_last_k_and_protected(tmp_path: Path) -> None:
         make_ckpt(tmp_path, s)
     make_ckpt(tmp_path, 25, complete=False)  # older partial: garbage
     make_ckpt(tmp_path, 50, complete=False)  # newer partial: may be in flight
-    retention.apply(str(tmp_path), keep_last=2, protect=(layout.step_dir_name(10),))
+    retention.apply(str(tmp_path), keep_last=2, protect=(storage.step_dir_name(10),))
     assert names(tmp_path) == [10, 30, 40, 50]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(retention.TRASH_PREFIX)]
 
@@ -74,7 +74,7 @@ def test_retention_keeps_last_k_and_protected(tmp_path: Path) -> None:
 def test_retention_after_crashed_save_deletes_nothing_needed(tmp_path: Path) -> None:
     make_ckpt(tmp_path, 10)
     make_ckpt(tmp_path, 20, complete=False)  # the crashed save
-    assert retention.plan(layout.open_store(str(tmp_path)), keep_last=1).delete == ()
+    assert retention.plan(storage.open_store(str(tmp_path)), keep_last=1).delete == ()
     # A truncated shard beside a .metadata is just as incomplete.
     name = make_ckpt(tmp_path, 30)
     shard = next((tmp_path / name).glob("*.distcp"))
@@ -88,9 +88,9 @@ def test_retention_after_crashed_save_deletes_nothing_needed(tmp_path: Path) -> 
     empty = tmp_path / "empty"
     empty.mkdir()
     make_ckpt(empty, 5, complete=False)
-    assert retention.plan(layout.open_store(str(empty)), keep_last=1).delete == ()
+    assert retention.plan(storage.open_store(str(empty)), keep_last=1).delete == ()
     with pytest.raises(ValueError):
-        retention.plan(layout.open_store(str(empty)), keep_last=0)
+        retention.plan(storage.open_store(str(empty)), keep_last=0)
 
 
 # ---- constant global batch ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_contract import environment, layout
+from resilient_contract import environment, storage
 from tests.trainer.harness import Launcher, Run, parse
 
 # Deliberately no `if __name__ == "__main__":` guard: spawn would re-run all of this in the writer.
@@ -76,7 +76,7 @@ def test_a_script_without_main_guard_saves_through_the_writer_process(launcher: 
         assert len(writers) == 1 and str(run.ranks[rank].pid) not in writers  # one writer, another process
     assert [s["step"] for s in parse(run.output(0), "RTJ_SAVED")] == ["1", "2"]
     for step in (1, 2):
-        assert layout.check_step(layout.LocalStore(str(root)), layout.step_dir_name(step)).complete
+        assert storage.check_step(storage.LocalStore(str(root)), storage.step_dir_name(step)).complete
 
 
 @pytest.mark.timeout(300)
@@ -84,7 +84,7 @@ def test_a_writer_killed_mid_upload_leaves_no_metadata(launcher: Launcher, tmp_p
     root = tmp_path / "ckpt"
     env = {environment.ATTEMPT: "1", environment.JOB_UID: "job-1"}  # the test hold applies under an attempt
     run = start(launcher, tmp_path, ["kill", str(root)], env=env)
-    step2 = root / layout.step_dir_name(2)
+    step2 = root / storage.step_dir_name(2)
     deadline = time.monotonic() + 200
     while not (len(list(step2.glob("*.distcp"))) >= 2 and parse(run.output(0), "RTJ_SAVING")[1:]):
         assert time.monotonic() < deadline, run.tail()
@@ -95,8 +95,8 @@ def test_a_writer_killed_mid_upload_leaves_no_metadata(launcher: Launcher, tmp_p
     assert run.wait(120) == [3, 3], run.tail()
     assert parse(run.output(0), "RTJ_FAILED")[0]["step"] == "2"
     assert not (step2 / ".metadata").exists()
-    listing = layout.discover(str(root))
-    assert listing.latest is not None and listing.latest.path.endswith(layout.step_dir_name(1))
+    listing = storage.discover(str(root))
+    assert listing.latest is not None and listing.latest.path.endswith(storage.step_dir_name(1))
     saved = parse(run.output(0), "RTJ_SAVED")[0]["sum"]
     again = start(launcher, tmp_path, ["resume", str(root), listing.latest.path])
     assert again.wait(200) == [0, 0], again.tail()

@@ -2,7 +2,7 @@
 
 Force-deleting a lost node's pods removes them from the API, not from the machine: a partitioned gang can
 keep running and saving after the operator started the next attempt against the same root. So every save
-says who wrote it, every attempt says where it started from, and the completeness rule (`layout.check_step`)
+says who wrote it, every attempt says where it started from, and the completeness rule (`storage.check_step`)
 accepts a directory only if no newer attempt of the same job had fenced its writer when it was written:
 
 - `<root>/_RTJ_ATTEMPT-<job>-<10-digit attempt>` (a *fence mark*): created exclusively by rank 0 of each
@@ -21,7 +21,7 @@ is recreated over the same root, so the rule compares only marks and tokens of o
 The rule: a directory of step s written by attempt a is refused if some newer attempt b > a of the same job
 started from a step r_b < s (or from scratch): a's gang wrote it after b's launch fenced a (or on a branch b
 abandoned). Directories without a token (older than tokens), or with another incarnation's, are judged by
-the other rules only. Torch-free and I/O-free: `layout` reads these files, the `Checkpointer` writes them.
+the other rules only. Torch-free and I/O-free: `storage` reads these files, the `Checkpointer` writes them.
 """
 
 from __future__ import annotations

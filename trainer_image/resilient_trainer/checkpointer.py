@@ -82,7 +82,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from resilient_contract import environment, layout, lineage
+from resilient_contract import environment, lineage
+from resilient_contract.storage import StorageError, check_step, parse_step_dir, step_dir_name
 from resilient_trainer import dist as rdist
 from resilient_trainer import outcome, parallel, retention, staging, storage, upload
 from resilient_trainer.dist import DistContext
@@ -156,7 +157,7 @@ class Checkpointer:
             parallel.check_reductions(model)
         try:
             self.storage = storage.open_root(root)
-        except layout.StorageError as exc:
+        except StorageError as exc:
             raise CheckpointError(f"checkpoint root {root[:200]}: {exc}") from None
         self.root = self.storage.uri
         self.model = model
@@ -207,7 +208,7 @@ class Checkpointer:
         if self.attempt is None:
             return
         source = environment.resume_from()
-        resumed = layout.parse_step_dir(storage.split(source)[1]) if source else None
+        resumed = parse_step_dir(storage.split(source)[1]) if source else None
         # False: this attempt's rank 0 ran before (the mark says the same)
         self.storage.create_exclusive(lineage.marker_name(self.job, self.attempt),
                                       lineage.format_marker(self.job, self.attempt, resumed))
@@ -255,19 +256,19 @@ class Checkpointer:
         decision = self._broadcast(decision)
         if decision is not None and decision.startswith(FENCED_PREFIX):
             assert self.attempt is not None
-            raise FencedError(layout.step_dir_name(step), self.attempt, int(decision[len(FENCED_PREFIX):]))
+            raise FencedError(step_dir_name(step), self.attempt, int(decision[len(FENCED_PREFIX):]))
         return decision
 
     def _make_dir(self, step: int) -> str | None:
-        names = [layout.step_dir_name(step)]
+        names = [step_dir_name(step)]
         if self.attempt is not None:
-            names.append(layout.step_dir_name(step, self.attempt))
+            names.append(step_dir_name(step, self.attempt))
         token = lineage.format_writer(self.job, self.attempt) if self.attempt is not None else None
         for name in names:
             path = self.storage.join(name)
             if not self.storage.claim_step(name, token):
                 if self.attempt is None or self._own(name):
-                    verdict = layout.check_step(self.storage.store(), name)
+                    verdict = check_step(self.storage.store(), name)
                     if verdict.complete:
                         return None  # deterministic training would write the same bytes
                     if self.attempt is None or name == names[-1]:  # ours (or a local run's) partial: redo it
@@ -443,16 +444,16 @@ class Checkpointer:
         source = self.storage if parent == self.root else None
         try:
             source = source or storage.open_root(parent)
-        except layout.StorageError as exc:
+        except StorageError as exc:
             raise CheckpointError(f"cannot resume from checkpoint {path}: {exc}") from None
         path = source.join(name)
         self.wait()  # never load under a save that is still reading the same tensors
         problem = None
         if self.ctx.rank == 0:
-            if layout.parse_step_dir(name) is None:
+            if parse_step_dir(name) is None:
                 problem = "not a step-<10 digits> checkpoint directory"
             else:
-                verdict = layout.check_step(source.store(), name)
+                verdict = check_step(source.store(), name)
                 problem = None if verdict.complete else verdict.reason
         problem = self._broadcast(problem)
         if problem:

@@ -24,7 +24,7 @@ Local runs (no operator environment: neither $PET_NNODES nor $RTJ_JOB_NAME is se
     python -m resilient_trainer.launch --nproc-per-node 2 --checkpoint-root ./ckpt [--resume latest] -- train.py
 
 `--checkpoint-root` is exported to the workers as an absolute $RTJ_CHECKPOINT_ROOT; `--resume latest`
-exports the newest complete checkpoint under it as $RTJ_RESUME_FROM (resilient_contract.layout's one
+exports the newest complete checkpoint under it as $RTJ_RESUME_FROM (resilient_contract.storage's one
 completeness rule; newer incomplete ones are reported and skipped). The termination message goes to a
 temporary file unless $RTJ_TERMINATION_LOG is set, so the exit-status rule above holds locally too.
 
@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from resilient_contract import completion, environment, layout, progress
+from resilient_contract import completion, environment, progress, storage
 from resilient_trainer.worker import LAUNCHER_PID_ENV
 
 PREEMPTED_EXIT_CODE = 143
@@ -222,12 +222,12 @@ def parse_local(extra: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def resolve_resume(resume: str, root: str | None) -> tuple[str | None, list[str]]:
-    """(checkpoint to resume from or None, lines to tell the user). `latest` uses layout.discover."""
+    """(checkpoint to resume from or None, lines to tell the user). `latest` uses storage.discover."""
     if resume != "latest":
         return (resume if resume.startswith("s3://") else os.path.abspath(resume)), []
     if not root:
         raise ValueError(f"--resume latest needs --checkpoint-root or ${environment.CHECKPOINT_ROOT}")
-    listing = layout.discover(root)
+    listing = storage.discover(root)
     notes = [f"skipped {v.path}: {v.reason}" for v in listing.skipped]
     if listing.error and not listing.missing:
         raise ValueError(listing.error)

@@ -33,7 +33,8 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint import _async_process_executor as dcp_process
 
-from resilient_contract import layout, lineage
+from resilient_contract import lineage
+from resilient_contract.storage import RootMissing, read_lineage
 from resilient_trainer import storage
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ class Fence:
     def newer_attempt(self) -> int | None:
         """The newest attempt of this job that marked the root after ours, or None."""
         try:
-            marks = layout.read_lineage(self.storage().store(), self.job)
-        except layout.RootMissing:
+            marks = read_lineage(self.storage().store(), self.job)
+        except RootMissing:
             return None  # an object store before anything was written: no mark at all
         newest = max((attempt for attempt, _ in marks), default=0)
         return newest if newest > self.attempt else None
