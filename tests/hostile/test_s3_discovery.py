@@ -17,7 +17,6 @@ import pytest
 
 from e2e.s3server import Identity, S3Server, weed_binary
 from resilient_contract import dcp_metadata, lineage
-from resilient_contract.storage import scan as storage_scan
 from resilient_contract.storage.completeness import _PARSED
 from resilient_contract.storage.errors import (
     REASON_DISCOVERY_FAILED,
@@ -31,6 +30,7 @@ from resilient_contract.storage.listing import Listing, Verdict
 from resilient_contract.storage.names import METADATA_FILE, step_dir_name
 from resilient_contract.storage.s3 import S3Credentials, S3Store, parse_uri
 from resilient_contract.storage.scan import DEFAULT_SCAN, ScanLimits, discover
+from resilient_contract.storage.scan import scan as storage_scan
 from resilient_operator import constants as c
 from resilient_operator.core.reconcile import STORAGE_RETRY_SECONDS, reconcile
 from resilient_operator.discovery import DiscoveryPool, _redacted
@@ -119,7 +119,7 @@ def scan(server: S3Server, uri: str, limits: ScanLimits = DEFAULT_SCAN) -> tuple
     _PARSED.clear()  # a poll of an unchanged .metadata skips its GET: count the cold case
     store = S3Store(uri, creds(server))
     try:
-        return storage_scan.scan(store, limits), store.requests
+        return storage_scan(store, limits), store.requests
     finally:
         store.close()
 
@@ -198,7 +198,7 @@ def test_a_root_with_too_many_keys_is_refused_not_listed_forever(server: S3Serve
         plant(admin, uri, {f"{step_dir_name(s)}/x": b"x" for s in range(1, 2501)})
     store = S3Store(uri, creds(server), max_root_pages=2)
     with pytest.raises(StorageError, match="holds more than 2000 keys"):
-        storage_scan.scan(store)
+        storage_scan(store)
     assert store.requests == 2
 
 
