@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 from resilient_contract import environment
+from resilient_contract.storage import roots, s3
 from resilient_operator import constants as c
 from resilient_operator.core import timeutil
 from resilient_operator.core.model import (
@@ -243,10 +244,9 @@ def root_key(obj: Mapping[str, Any]) -> str | None:
     root = checkpoint.get("root") if isinstance(checkpoint, Mapping) else None
     if not isinstance(root, str) or not root:
         return None
-    if root.startswith("s3://"):
-        return "s3://" + "/".join(p for p in root[5:].split("/") if p)
-    if root.startswith("file://"):
-        root = root[len("file://"):]
+    if roots.is_object_store(root):
+        return s3.SCHEME + "/".join(p for p in root[len(s3.SCHEME):].split("/") if p)
+    root = root.removeprefix(roots.FILE_SCHEME)
     return posixpath.normpath("/" + root.lstrip("/"))
 
 

@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from resilient_contract import completion, environment, progress, storage
+from resilient_contract.storage.roots import FILE_SCHEME
 from resilient_trainer.worker import LAUNCHER_PID_ENV
 
 PREEMPTED_EXIT_CODE = 143
@@ -97,7 +98,7 @@ class Watchdog:
         since = now - self._reported[1]
         due = since >= (REPORT_SECONDS if low != self._reported[0] else 4 * REPORT_SECONDS)
         # Progress reports are files in a mounted root; an s3:// root has none yet (never a local "s3:" dir).
-        if self.env.checkpoint_root and not self.env.checkpoint_root.startswith("s3://") and ranks and due:
+        if self.env.checkpoint_root and not storage.is_object_store(self.env.checkpoint_root) and ranks and due:
             self._report(low, now, slowest, ranks[slowest][1] if slowest is not None else None)
         if self.timeout and self.hung is None:
             first = min(expected, key=lambda r: (steps[r], last[r]))
@@ -224,7 +225,7 @@ def parse_local(extra: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def resolve_resume(resume: str, root: str | None) -> tuple[str | None, list[str]]:
     """(checkpoint to resume from or None, lines to tell the user). `latest` uses storage.discover."""
     if resume != "latest":
-        return (resume if resume.startswith("s3://") else os.path.abspath(resume)), []
+        return (resume if storage.is_object_store(resume) else os.path.abspath(resume)), []
     if not root:
         raise ValueError(f"--resume latest needs --checkpoint-root or ${environment.CHECKPOINT_ROOT}")
     listing = storage.discover(root)
@@ -281,8 +282,8 @@ def main_local(extra: Sequence[str], script: Sequence[str]) -> int:
         opts, rest = parse_local(extra)
         root = opts.checkpoint_root or os.environ.get(environment.CHECKPOINT_ROOT)
         if root:
-            if not root.startswith("s3://"):
-                root = os.path.abspath(root[len("file://") :] if root.startswith("file://") else root)
+            if not storage.is_object_store(root):
+                root = os.path.abspath(root.removeprefix(FILE_SCHEME))
             os.environ[environment.CHECKPOINT_ROOT] = root
         if opts.resume:
             target, notes = resolve_resume(opts.resume, root)
