@@ -71,10 +71,16 @@ def submit_example(cluster: ClusterLike, namespace: str, name: str, extra_args: 
                    **kw: Any) -> dict[str, Any]:
     """The example job applied, dumping its final state beside its checkpoint root (to compare with the
     failure-free reference); `kw` as example_job's."""
-    shared_claim(cluster, namespace)
-    job = example_job(name, namespace, extra_args=(f"--dump-state={MOUNT}/{namespace}/{name}.pt", *extra_args), **kw)
+    job = dumping_example(cluster, namespace, name, extra_args, **kw)
     cluster.apply(job)
     return job
+
+
+def dumping_example(cluster: ClusterLike, namespace: str, name: str, extra_args: tuple[str, ...] = (),
+                    **kw: Any) -> dict[str, Any]:
+    """submit_example's job, not yet applied (for a test that holds its pods first)."""
+    shared_claim(cluster, namespace)
+    return example_job(name, namespace, extra_args=(f"--dump-state={MOUNT}/{namespace}/{name}.pt", *extra_args), **kw)
 
 
 def host_root(cluster: ClusterLike, job: dict[str, Any]) -> Path:

@@ -152,10 +152,7 @@ def test_the_standby_is_warm_idle_and_only_watches(cluster: Cluster, namespace: 
 # ---- 2. the leader lost at each stage of a node-loss recovery, the real trainer -------------------------------
 def submit_trainer(cluster: Cluster, ns: str, name: str, **kw: Any) -> dict[str, Any]:
     """The example job (real trainer, 4 workers), dumping its final model beside its checkpoint root."""
-    scenarios.shared_claim(cluster, ns)
-    job = scenarios.example_job(name, ns, steps=scenarios.STEPS, extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",),
-                                **kw)  # fmt: skip
-    return job
+    return scenarios.dumping_example(cluster, ns, name, steps=scenarios.STEPS, **kw)
 
 
 def ended_right(cluster: Cluster, ns: str, name: str, job: dict[str, Any], reference: dict[str, Any],
