@@ -386,10 +386,10 @@ class Checkpointer:
         if self.attempt is not None and (newer := self.newer_attempt()) is not None:
             raise FencedError(path, self.attempt, newer) from exc
 
-    def _committed(self, path: str, ran: threading.Event, upload: Future) -> None:
+    def _committed(self, path: str, ran: threading.Event, done: Future) -> None:
         """In the upload thread, right after `.metadata` was committed: start retention (rank 0)."""
         try:
-            if not upload.cancelled() and upload.exception() is None:
+            if not done.cancelled() and done.exception() is None:
                 self._after_save(path, background=True)
         finally:
             ran.set()
