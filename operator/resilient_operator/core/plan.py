@@ -7,9 +7,11 @@ succeeded).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from resilient_contract.plan import Plan as AgentPlan
 
 EventType = Literal["Normal", "Warning"]  # Kubernetes' event types
 
@@ -25,6 +27,20 @@ class Event:
     message: str
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """Hand a kept pod the next attempt's plan (restartStrategy InPlace). Once its agent acknowledges, the shell
+    merge-patches these labels and annotations onto the pod, which makes it a member of that attempt with that
+    rank (PodView.attempt and .rank come from the labels); until then the core still sees it in the old one."""
+
+    pod: str  # the pod's name (its namespace is the job's)
+    address: str  # its pod IP
+    port: int  # the agent's port
+    plan: AgentPlan
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
 @dataclass
 class Plan:
     status: dict[str, Any]
@@ -33,6 +49,7 @@ class Plan:
     force_delete: list[str] = field(default_factory=list)
     release: list[str] = field(default_factory=list)  # PodDisruptionBudgets to delete (404 is fine)
     events: list[Event] = field(default_factory=list)
+    deliver: list[Delivery] = field(default_factory=list)  # plans for kept pods' agents (never awaited)
     requeue_after: float | None = None
     # Kueue (core/queueing.py): the Workload to create, its status fields to set (guarded by the
     # resourceVersion observed), or the name of one to delete (replaced by a new admission).
