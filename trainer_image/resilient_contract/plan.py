@@ -32,6 +32,9 @@ from resilient_contract import environment
 AGENT_PORT_ENV = "RTJ_AGENT_PORT"  # the agent listens here (the operator injects it; 0 or absent: no agent)
 PUBLIC_KEY_ENV = "RTJ_PLAN_PUBLIC_KEY"  # base64 of the operator's raw 32-byte Ed25519 public key
 POD_UID_ENV = "RTJ_POD_UID"  # this pod's metadata.uid (downward API): a plan must name it
+# After its workers failed, the agent waits this long for a plan before it ends the pod as before (a worker
+# that lost a peer fails too, and its pod is the one the operator wants to keep).
+LINGER_ENV = "RTJ_AGENT_LINGER_SECONDS"
 DEFAULT_AGENT_PORT = 29401
 PATH = "/plan"
 MAX_BODY_BYTES = 16 * 1024  # a plan is a few hundred bytes; anything bigger is refused unread
