@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +32,8 @@ CONNECTIONS = 48
 # A Lease call never blocks the elector past a retry or two: a hung API server must not keep a leader that
 # can no longer renew from reaching its renew deadline and exiting (leader.py).
 LEASE_TIMEOUT = (3, 4)
+# A pod relabel after an agent acknowledged runs on a delivery thread (delivery.py): bounded like a Lease call.
+POD_PATCH_TIMEOUT = (3, 10)
 
 
 def load_config() -> None:
@@ -134,6 +136,22 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def patch_pod_metadata(self, namespace: str, name: str, uid: str, labels: Mapping[str, str],
+                           annotations: Mapping[str, str]) -> bool:
+        """Merge-patch labels and annotations onto the pod `name` whose uid is `uid` (the uid rides in the patch
+        as a precondition: a pod re-created under the same name is not relabelled). False if it is gone or
+        another pod now has the name."""
+        self.write_guard()
+        body = {"metadata": {"uid": uid, "labels": dict(labels), "annotations": dict(annotations)}}
+        try:
+            self.core.patch_namespaced_pod(name, namespace, body, _request_timeout=POD_PATCH_TIMEOUT,
+                                           _content_type="application/merge-patch+json")
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
 
     def list_job_statuses(self) -> list[dict[str, Any]]:
         """Every job's status, cluster-wide (only when a failure was blamed on a node, for bad-node tainting)."""

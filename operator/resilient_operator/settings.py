@@ -227,6 +227,33 @@ def object_areas(raw: str) -> tuple[ObjectStoreArea, ...]:
     return tuple(out)
 
 
+PLAN_KEY_SECRET = "resilient-training-operator-plan-key"  # the chart sets <release fullname>-plan-key
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """In-place restarts: the operator's signing key and how plans reach the kept pods' agents (delivery.py).
+
+    The key is an Ed25519 private key in the Secret `plan_key_secret` of the operator's own namespace (both
+    replicas read the same one; plankey.py creates it when absent). Each POST to an agent is bounded by
+    `timeout_seconds` from connect to the last byte read, and at most `workers` are in flight at once."""
+
+    plan_key_secret: str = PLAN_KEY_SECRET  # RTJ_PLAN_KEY_SECRET
+    namespace: str = "default"  # POD_NAMESPACE: the operator's namespace, where the Secret lives
+    workers: int = 8  # RTJ_DELIVERY_WORKERS
+    timeout_seconds: float = 5.0  # RTJ_DELIVERY_TIMEOUT_SECONDS
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> DeliverySettings:
+        env = dict(os.environ if env is None else env)
+        secret = env.get("RTJ_PLAN_KEY_SECRET", "").strip() or PLAN_KEY_SECRET
+        if not _DNS_SUBDOMAIN_RE.match(secret):
+            raise SettingsError(f"RTJ_PLAN_KEY_SECRET={secret!r} is not a Secret name")
+        return cls(plan_key_secret=secret, namespace=env.get("POD_NAMESPACE", "").strip() or "default",
+                   workers=_number(env, "RTJ_DELIVERY_WORKERS", 8, int),
+                   timeout_seconds=_number(env, "RTJ_DELIVERY_TIMEOUT_SECONDS", 5.0, float))
+
+
 @dataclass(frozen=True)
 class Settings:
     namespaces: tuple[str, ...]  # empty: every namespace
@@ -237,6 +264,7 @@ class Settings:
     config: OperatorConfig = field(default_factory=OperatorConfig)  # what the core's policies read
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     kueue: bool = False  # RTJ_KUEUE_ENABLED: manage jobs labelled kueue.x-k8s.io/queue-name (chart: kueue.enabled)
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)  # in-place plans (delivery.py)
 
     @classmethod
     def from_environ(cls) -> Settings:
@@ -250,6 +278,7 @@ class Settings:
             config=operator_config(os.environ),
             discovery=DiscoverySettings.from_environ(),
             kueue=os.environ.get("RTJ_KUEUE_ENABLED", "").strip().lower() == "true",
+            delivery=DeliverySettings.from_environ(),
         )
 
 

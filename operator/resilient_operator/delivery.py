@@ -1,0 +1,268 @@
+"""Hand kept pods their next attempt's plan (in-place restarts), off the reconcile, each call bounded.
+
+The core emits `core.plan.Delivery`s; `Deliverer.submit` queues them and returns at once. A small pool of
+threads then, per delivery: checks that this replica still leads (`kube.write_guard`: a standby never
+steers an agent), POSTs the signed plan to the agent (`resilient_contract.plan`: `POST /plan`), and on its
+200 merge-patches the pod's labels and annotations (the pod joins the new attempt). Everything an agent
+does is a tenant's: a refusal, a timeout, a refused connection or a nonsense answer is logged and counted
+(`rtj_plan_deliveries_total{result}`), never raised; the core notices what did not happen (the labels did
+not change) and falls back by its own clock.
+
+Bounds: each POST takes at most `timeout` seconds from the connect to the last byte read, whatever the
+agent does (a socket timeout bounds each read; a watchdog shuts the socket at the deadline, so an answer
+dripped a byte at a time cannot hold a thread), and at most `workers` are in flight. A delivery already
+queued or in flight for the same (namespace, pod, pod uid, attempt) is not queued again; one that failed is
+sent again when the core asks again, but not more than once a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import Counter, Histogram
+
+from resilient_contract import plan as agent_plan
+from resilient_operator.core.plan import Delivery
+from resilient_operator.leader import NotLeader
+
+log = logging.getLogger(__name__)
+
+DELIVERIES = Counter("rtj_plan_deliveries", "In-place plans sent to agents, by result", ["result"])
+ACKNOWLEDGED_SECONDS = Histogram(
+    "rtj_plan_delivery_seconds", "From the reconcile's submit to the agent's 200 (workers stopped and restarted)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30))
+
+# results (the counter's label values)
+ACKNOWLEDGED = "acknowledged"  # 200 from the agent and the pod relabelled
+REFUSED = "refused"  # 403: not the operator's signature, or not this pod's / job's plan (e.g. an old key)
+STALE = "stale"  # 409: the agent runs a newer attempt
+MALFORMED = "malformed"  # 400
+HTTP_ERROR = "http_error"  # any other status
+BAD_ANSWER = "bad_answer"  # a 200 that does not say this attempt started, or no HTTP at all
+TIMEOUT = "timeout"
+UNREACHABLE = "unreachable"  # connection refused or reset, no route
+BAD_ADDRESS = "bad_address"  # not an IP literal: never resolved (a DNS lookup has no bound)
+NOT_LEADER = "not_leader"  # this replica does not lead: nothing was sent
+POD_GONE = "pod_gone"  # acknowledged, but the pod (that uid) is gone: not relabelled
+PATCH_FAILED = "patch_failed"  # acknowledged, but the relabel failed (API error): sent again when asked
+ERROR = "error"  # a bug in this module (logged with its traceback)
+
+RESEND_SECONDS = 1.0
+MAX_ANSWER_BYTES = 4096
+FORGET_SECONDS = 600.0  # how long a sent delivery is remembered (each (pod, attempt) is asked for briefly)
+
+Key = tuple[str, str, str, int]  # namespace, pod, pod uid, attempt
+
+
+class PodWriter(Protocol):
+    """The one API write a delivery makes (kube.Kube), behind the leader check every write passes."""
+
+    def write_guard(self) -> None: ...
+
+    def patch_pod_metadata(self, namespace: str, name: str, uid: str, labels: Mapping[str, str],
+                           annotations: Mapping[str, str]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one delivery; `seconds` runs from its submit to its end (for the benches and tests)."""
+
+    namespace: str
+    pod: str
+    attempt: int
+    result: str
+    seconds: float
+
+
+@dataclass
+class _Sent:
+    at: float  # when it was last queued
+    done: bool = False  # acknowledged and relabelled: never sent again
+    running: bool = True  # queued or in flight
+
+
+class Deliverer:
+    """Send the core's deliveries from a bounded pool; see the module docstring."""
+
+    def __init__(self, kube: PodWriter, private_key: bytes, workers: int = 8, timeout: float = 5.0,
+                 on_outcome: Callable[[Outcome], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._kube, self._key, self._timeout = kube, private_key, timeout
+        self._on_outcome, self._clock = on_outcome, clock
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plan-delivery")
+        self._lock = threading.Lock()
+        self._sent: dict[Key, _Sent] = {}
+        self._pruned = clock()
+        self._watchdog = _Watchdog()
+
+    def submit(self, namespace: str, deliveries: Iterable[Delivery]) -> int:
+        """Queue the deliveries not already queued, in flight, done, or tried within the last second; returns at
+        once with how many were queued."""
+        now = self._clock()
+        queued = 0
+        with self._lock:
+            self._prune(now)
+            for d in deliveries:
+                key = (namespace, d.pod, d.plan.pod_uid, d.plan.attempt)
+                sent = self._sent.get(key)
+                if sent is not None and (sent.running or sent.done or now - sent.at < RESEND_SECONDS):
+                    continue
+                self._sent[key] = _Sent(at=now)
+                self._pool.submit(self._run, namespace, d, key, now)
+                queued += 1
+        return queued
+
+    def close(self) -> None:
+        """Drop what is queued; what is in flight ends within its timeout."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._watchdog.stop()
+
+    def _prune(self, now: float) -> None:
+        if now - self._pruned < 60:
+            return
+        self._pruned = now
+        for key in [k for k, s in self._sent.items() if not s.running and now - s.at > FORGET_SECONDS]:
+            del self._sent[key]
+
+    def _run(self, namespace: str, d: Delivery, key: Key, submitted: float) -> None:
+        result = UNREACHABLE
+        try:
+            result = self._deliver(namespace, d, submitted)
+        except Exception:  # a bug here must not kill the pool's thread silently
+            log.exception("plan delivery to %s/%s (attempt %d) failed", namespace, d.pod, d.plan.attempt)
+            result = ERROR
+        finally:
+            seconds = self._clock() - submitted
+            with self._lock:
+                sent = self._sent.get(key)
+                if sent is not None:
+                    sent.running, sent.done = False, result == ACKNOWLEDGED
+            DELIVERIES.labels(result=result).inc()
+            level = logging.DEBUG if result == ACKNOWLEDGED else logging.INFO
+            log.log(level, "plan for %s/%s (attempt %d, rank %d): %s after %.2fs", namespace, d.pod,
+                    d.plan.attempt, d.plan.node_rank, result, seconds)
+            if self._on_outcome is not None:
+                try:
+                    self._on_outcome(Outcome(namespace, d.pod, d.plan.attempt, result, seconds))
+                except Exception:
+                    log.exception("plan delivery outcome hook failed")
+
+    def _deliver(self, namespace: str, d: Delivery, submitted: float) -> str:
+        try:
+            self._kube.write_guard()
+        except NotLeader:
+            return NOT_LEADER
+        try:
+            ipaddress.ip_address(d.address)
+        except ValueError:
+            return BAD_ADDRESS
+        status, answer = self._post(d.address, d.port, agent_plan.sign(d.plan, self._key))
+        if isinstance(status, str):
+            return status
+        if status != 200:
+            return {403: REFUSED, 409: STALE, 400: MALFORMED}.get(status, HTTP_ERROR)
+        if not _started(answer, d.plan.attempt):
+            return BAD_ANSWER
+        ACKNOWLEDGED_SECONDS.observe(self._clock() - submitted)
+        try:
+            relabelled = self._kube.patch_pod_metadata(namespace, d.pod, d.plan.pod_uid, d.labels, d.annotations)
+        except NotLeader:
+            return NOT_LEADER
+        except Exception as exc:
+            log.warning("pod %s/%s acknowledged attempt %d but could not be relabelled: %s", namespace, d.pod,
+                        d.plan.attempt, exc)
+            return PATCH_FAILED
+        return ACKNOWLEDGED if relabelled else POD_GONE
+
+    def _post(self, address: str, port: int, body: bytes) -> tuple[int | str, bytes]:
+        """(HTTP status, at most MAX_ANSWER_BYTES of the answer), or (a result, b"") when no answer came."""
+        deadline = time.monotonic() + self._timeout
+        conn = http.client.HTTPConnection(address, port, timeout=self._timeout)
+        alarm: _Alarm | None = None
+        try:
+            conn.connect()  # bounded by the socket timeout
+            assert conn.sock is not None
+            with self._watchdog.guard(conn.sock, deadline) as alarm:
+                conn.request("POST", agent_plan.PATH, body, {"Content-Type": "application/json",
+                                                             "Connection": "close"})
+                response = conn.getresponse()
+                return response.status, response.read(MAX_ANSWER_BYTES)
+        except TimeoutError:
+            return TIMEOUT, b""
+        except OSError:  # refused, reset, no route; or shut by the watchdog mid-answer
+            return (TIMEOUT if alarm is not None and alarm.fired else UNREACHABLE), b""
+        except http.client.HTTPException:  # not HTTP, or cut short by the watchdog
+            return (TIMEOUT if alarm is not None and alarm.fired else BAD_ANSWER), b""
+        finally:
+            conn.close()
+
+
+def _started(answer: bytes, attempt: int) -> bool:
+    """Does the agent's 200 say this attempt's workers started (`{"attempt": N, "state": "started"}`)?"""
+    try:
+        raw = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(raw, dict) and raw.get("attempt") == attempt and raw.get("state") == agent_plan.STARTED
+
+
+class _Alarm:
+    fired = False
+
+
+class _Watchdog:
+    """Shuts a socket down at its deadline. A socket timeout bounds each read, not the whole answer: an agent
+    dripping a byte per second would hold a delivery thread for as long as it liked. One thread for all."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, socket.socket, _Alarm]] = {}
+        self._next = 0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def guard(self, sock: socket.socket, deadline: float) -> Iterator[_Alarm]:
+        alarm = _Alarm()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="plan-delivery-watchdog", daemon=True)
+                self._thread.start()
+            token = self._next
+            self._next += 1
+            self._armed[token] = (deadline, sock, alarm)
+            self._cond.notify()
+        try:
+            yield alarm
+        finally:
+            with self._cond:  # removed before the caller closes it: never shut down a reused descriptor
+                self._armed.pop(token, None)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                for token, (deadline, sock, alarm) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        alarm.fired = True
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                wait = min((d for d, _, _ in self._armed.values()), default=now + 60) - now
+                self._cond.wait(max(wait, 0.01))

@@ -1,0 +1,81 @@
+"""The operator's plan-signing key: one Ed25519 key in a Secret of the operator's own namespace.
+
+Every replica loads it at start-up (a standby must be able to sign the moment it takes over), and the first
+replica of a fresh install creates it: a create that loses the race (409) reads the winner's, so both replicas
+always sign with one key. Worker pods get only the public half (`$RTJ_PLAN_PUBLIC_KEY`); the private half never
+leaves this namespace, whose Secrets tenants cannot read. The Secret is immutable and never overwritten: a
+malformed one stops the operator rather than being replaced under pods that trust the old public key.
+
+Rotation: delete the Secret and restart the operator's replicas. Pods started under the old key then refuse
+new plans (403); the core falls back to re-creating their gang, whose new pods carry the new public key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from resilient_contract import plan
+
+log = logging.getLogger(__name__)
+DATA_KEY = "ed25519.key"  # the Secret's one entry: base64 (in `data`, as every Secret) of the raw 32-byte key
+KEY_BYTES = 32
+MANAGED_BY = {"app.kubernetes.io/managed-by": "resilient-training-operator",
+              "app.kubernetes.io/component": "plan-signing-key"}
+
+
+class PlanKeyError(RuntimeError):
+    """The Secret exists but holds no usable key: the operator refuses to start rather than replace it."""
+
+
+@dataclass(frozen=True, repr=False)
+class PlanKey:
+    private: bytes  # raw Ed25519 private key: plan.sign's argument
+    public: str  # base64 public key: the workers' $RTJ_PLAN_PUBLIC_KEY
+
+    def __repr__(self) -> str:  # never the private half in a log line or a traceback
+        return f"PlanKey(public={self.public!r})"
+
+
+def _from_secret(secret: Any, where: str) -> PlanKey:
+    data = (secret.data or {}) if secret is not None else {}
+    raw = data.get(DATA_KEY)
+    try:
+        private = base64.b64decode(raw or "", validate=True)
+    except (binascii.Error, ValueError):
+        private = b""
+    if len(private) != KEY_BYTES:
+        raise PlanKeyError(f"Secret {where} has no {KEY_BYTES}-byte Ed25519 key under {DATA_KEY!r}; delete it and "
+                           "restart the operator to make a new one (pods started under the old key are then "
+                           "re-created at their next recovery)")
+    return PlanKey(private, plan.public_key(private))
+
+
+def load_or_create(core: client.CoreV1Api, namespace: str, name: str) -> PlanKey:
+    """The key in Secret namespace/name, created first if absent. API errors other than 404/409 propagate
+    (the caller retries start-up); a Secret without a usable key raises PlanKeyError."""
+    where = f"{namespace}/{name}"
+    try:
+        return _from_secret(core.read_namespaced_secret(name, namespace), where)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    private = plan.new_private_key()
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=dict(MANAGED_BY)),
+        type="Opaque", immutable=True, data={DATA_KEY: base64.b64encode(private).decode()})
+    try:
+        core.create_namespaced_secret(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        log.info("plan-signing key %s was created by another replica first; using it", where)
+        return _from_secret(core.read_namespaced_secret(name, namespace), where)
+    log.info("created the plan-signing key %s", where)
+    return PlanKey(private, plan.public_key(private))
