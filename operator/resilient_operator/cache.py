@@ -58,14 +58,21 @@ def _strip_node(obj: Obj) -> Obj:
     return obj
 
 
+POD_ANNOTATIONS_READ = frozenset({c.ANNOTATION_REPLICAS, c.ANNOTATION_RESUME_FROM, c.ANNOTATION_RESUME_STEP,
+                                   c.ANNOTATION_TEMPLATE_HASH})
+
+
 def strip_pod(obj: Obj) -> Obj:
     """Keep what `views.pod_view` reads. The spec (the rendered template: env, volumes, affinity) is most
     of a pod; at 16,000 pods the whole objects alone would cost the operator ~270 MiB."""
     strip_managed_fields(obj)
+    meta = obj.get("metadata") or {}
+    if isinstance(meta.get("annotations"), dict):  # the template's own annotations can be large; ours are read
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k in POD_ANNOTATIONS_READ}
     node = (obj.get("spec") or {}).get("nodeName")
     obj["spec"] = {"nodeName": node} if node else {}
     status = obj.get("status") or {}
-    for unread in ("initContainerStatuses", "podIPs", "hostIPs", "podIP", "hostIP", "qosClass"):
+    for unread in ("initContainerStatuses", "podIPs", "hostIPs", "hostIP", "qosClass"):  # podIP: InPlace plans
         status.pop(unread, None)
     return obj
 

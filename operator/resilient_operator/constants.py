@@ -22,6 +22,7 @@ ROLE_WORKER = "worker"
 ANNOTATION_REPLICAS = f"{GROUP}/replicas"
 ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
 ANNOTATION_RESUME_STEP = f"{GROUP}/resume-step"
+ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"  # the spec.template a pod was rendered from (InPlace reuse)
 
 
 # Phases (status.phase); the CRD's enum lists the same values.
@@ -64,6 +65,13 @@ class FailureKind(StrEnum):
     APPLICATION = "Application"
     HANG = "Hang"  # no step for spec.progressTimeoutSeconds; spends the infrastructure budget (core/budgets.py)
     PLANNED = "Planned"  # a restart the operator chose (grow back, drain): spends restarts.planned
+
+
+class RestartStrategy(StrEnum):
+    """spec.restartStrategy: how a recovery executes the operator's plan (core/inplace.py)."""
+
+    IN_PLACE = "InPlace"  # kept pods get the next attempt's plan; only missing ranks get new pods
+    RECREATE = "Recreate"  # the whole gang is deleted and created again
 
 
 # Reasons: used in conditions, events, status.lastFailure and history.
@@ -114,6 +122,7 @@ class Reason(StrEnum):
     QUOTA_RELEASED = "QuotaReleased"
     KUEUE_UNAVAILABLE = "KueueUnavailable"  # the integration is on but Kueue's API is not served
     CREATE_REJECTED = "CreateRejected"  # the API refused a pod/Service we rendered (admission, quota)
+    IN_PLACE_FALLBACK = "InPlaceFallback"  # a kept pod's agent did not take the plan in time: it is replaced
 
 
 # The vocabularies above under the flat names the code has always used (c.RUNNING, c.COND_QUEUED, ...).
@@ -153,6 +162,7 @@ REASON_DISRUPTED = Reason.DISRUPTED
 REASON_APP_FAILED = Reason.APP_FAILED
 REASON_IMAGE_CANNOT_START = Reason.IMAGE_CANNOT_START
 REASON_GROW_BACK = Reason.GROW_BACK
+REASON_IN_PLACE_FALLBACK = Reason.IN_PLACE_FALLBACK
 REASON_SUSPENDED = Reason.SUSPENDED
 REASON_RESUMED = Reason.RESUMED
 REASON_STARTED = Reason.STARTED

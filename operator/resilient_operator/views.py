@@ -94,6 +94,8 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             progress_timeout=float(spec["progressTimeoutSeconds"]) if spec.get("progressTimeoutSeconds") else None,
             bad_node_seconds=float(spec.get("badNodeSeconds", 3600)),
             share_root=spec["checkpoint"].get("shareRoot") is True,
+            restart_strategy=(c.RestartStrategy.IN_PLACE if spec.get("restartStrategy") == c.RestartStrategy.IN_PLACE
+                              else c.RestartStrategy.RECREATE),
         )
     except SpecProblem:
         raise
@@ -325,6 +327,9 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         owner_uid=controller_uid(meta),
         launch_replicas=_bounded(annotations.get(c.ANNOTATION_REPLICAS), 1, INT32_MAX),
         ready_since=ready_since,
+        uid=_text(meta.get("uid")),
+        ip=_text(status.get("podIP")) or None,
+        template_hash=_text(annotations.get(c.ANNOTATION_TEMPLATE_HASH)) or None,
         launch_resume=LaunchResume(resume_path, resume_step)
         if isinstance(resume_path, str) and resume_step is not None
         else None,

@@ -15,6 +15,7 @@ from resilient_operator import views
 from resilient_operator.core import Job, NodeView, PodView
 from resilient_operator.core.health import Health
 from resilient_operator.core.health import assess as assess_health
+from resilient_operator.core.inplace import template_hash
 from resilient_operator.core.model import Placement
 from resilient_operator.core.timeutil import fmt
 
@@ -91,6 +92,9 @@ def node(
     return views.node_view(obj, None if lease_age is None else NOW - timedelta(seconds=lease_age))
 
 
+DEFAULT_TEMPLATE_HASH = template_hash(job_object()["spec"]["template"])
+
+
 def nodes(*views: NodeView) -> dict[str, NodeView]:
     return {v.name: v for v in views}
 
@@ -115,7 +119,11 @@ def pod(
     resume: tuple[str, int] | None = None,
     owner_uid: str | None = "uid-1",
     labels: dict[str, str] | None = None,
+    name: str | None = None,
+    template: str | None = "default",
 ) -> PodView:
+    """A pod as the API returns it; `name` defaults to the attempt's own name, `template` is the hash annotation
+    ("default": the default job's template, None: absent)."""
     status: dict[str, Any] = {"phase": phase, "conditions": []}
     if reason:
         status["reason"] = reason
@@ -131,10 +139,14 @@ def pod(
     elif waiting:
         status["containerStatuses"] = [{"name": "trainer", "state": {"waiting": {"reason": waiting}}}]
     annotations = {c.ANNOTATION_REPLICAS: str(replicas)}
+    if template is not None:
+        annotations[c.ANNOTATION_TEMPLATE_HASH] = DEFAULT_TEMPLATE_HASH if template == "default" else template
     if resume:
         annotations[c.ANNOTATION_RESUME_FROM], annotations[c.ANNOTATION_RESUME_STEP] = resume[0], str(resume[1])
+    name = name or f"demo-a{attempt}-{rank}"
     meta: dict[str, Any] = {
-        "name": f"demo-a{attempt}-{rank}",
+        "name": name,
+        "uid": f"uid-{name}",
         "labels": labels or {c.LABEL_JOB: "demo", c.LABEL_ATTEMPT: str(attempt), c.LABEL_RANK: str(rank)},
         "annotations": annotations,
     }
@@ -143,6 +155,8 @@ def pod(
                                     "controller": True}]
     if deleting:
         meta["deletionTimestamp"] = fmt(NOW)
+    if phase == "Running":
+        status["podIP"] = f"10.1.{attempt}.{rank}"
     return views.pod_view({"metadata": meta, "spec": {"nodeName": node_name}, "status": status})
 
 

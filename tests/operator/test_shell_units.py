@@ -159,6 +159,7 @@ def test_the_pod_cache_keeps_everything_the_operator_reads_and_drops_the_rest() 
     pod["metadata"].update(uid="u1", resourceVersion="7", deletionTimestamp="2026-01-01T00:00:00Z",
                            ownerReferences=[{"uid": "uid-1", "controller": True, "kind": c.KIND, "name": "demo"}])
     pod["spec"]["nodeName"] = "n3"
+    pod["metadata"]["annotations"]["example.com/notes"] = "from the template, never read: " + "x" * 400
     pod["status"] = {
         "phase": "Failed", "reason": "Evicted", "message": "out of memory", "podIP": "10.0.0.7",
         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
@@ -170,6 +171,7 @@ def test_the_pod_cache_keeps_everything_the_operator_reads_and_drops_the_rest() 
     stored = strip_pod(copy.deepcopy(pod))
     assert views.pod_view(stored) == whole
     assert "containers" not in stored["spec"] and "affinity" not in stored["spec"]
+    assert "example.com/notes" not in stored["metadata"]["annotations"] and whole.ip == "10.0.0.7"
     assert len(json.dumps(stored)) < len(json.dumps(pod)) / 2
 
 

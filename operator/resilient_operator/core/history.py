@@ -22,6 +22,28 @@ def open_entry(status: JobStatus, attempt: int, replicas: int, resumed_step: int
     del history[: max(0, len(history) - c.HISTORY_LIMIT)]
 
 
+def note_restart(status: JobStatus, attempt: int, restart: str, kept: Sequence[str] = (),
+                 replaced: Sequence[str] = ()) -> None:
+    """How `attempt` was started from the one before it: InPlace (which pods were kept, which replaced) or
+    Recreate."""
+    history = status.get("history") or []
+    if history and history[-1].get("attempt") == attempt:
+        history[-1]["restart"] = restart
+        if restart == c.RestartStrategy.IN_PLACE:
+            history[-1]["kept"] = sorted(kept)
+            history[-1]["replaced"] = sorted(replaced)
+
+
+def note_fallback(status: JobStatus, attempt: int, pods: Sequence[str], why: str) -> None:
+    """Kept pods of `attempt` were replaced after all (their agents did not take the plan in time)."""
+    history = status.get("history") or []
+    if history and history[-1].get("attempt") == attempt:
+        entry = history[-1]
+        entry["kept"] = sorted(set(entry.get("kept") or ()) - set(pods))
+        entry["replaced"] = sorted(set(entry.get("replaced") or ()) | set(pods))
+        entry["fallback"] = why
+
+
 def close_entry(status: JobStatus, attempt: int, reason: str, ts: str) -> None:
     history = status.get("history") or []
     if history and history[-1].get("attempt") == attempt and "endTime" not in history[-1]:

@@ -12,6 +12,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from resilient_contract.plan import DEFAULT_AGENT_PORT
 from resilient_operator import constants as c
 
 
@@ -63,6 +64,7 @@ class JobSpec:
     progress_timeout: float | None = None  # spec.progressTimeoutSeconds: no step for this long is a hang
     bad_node_seconds: float = 3600.0  # spec.badNodeSeconds: how long a node that broke an attempt is avoided
     share_root: bool = False  # spec.checkpoint.shareRoot: may share its root with other jobs that opt in too
+    restart_strategy: str = c.RestartStrategy.RECREATE  # spec.restartStrategy (core/inplace.py)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ class PodView:
     launch_replicas: int | None = None  # the attempt's size, from our annotation (None if absent or malformed)
     launch_resume: LaunchResume | None = None  # the checkpoint the attempt resumed from, from our annotations
     ready_since: datetime | None = None  # when the Ready condition last turned True
+    uid: str = ""  # metadata.uid: an in-place plan names it, so it steers this pod and no other
+    ip: str | None = None  # status.podIP: where its agent listens
+    template_hash: str | None = None  # our annotation: which spec.template it was rendered from
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,11 @@ class OperatorConfig:
     bad_node_failures: int = 3
     bad_node_window_seconds: float = 3600.0
     bad_node_max_fraction: float = 0.1
+    # restartStrategy InPlace (core/inplace.py): the operator's public plan key (empty: every restart
+    # recreates), the agents' port, and how long kept pods' agents get to take a plan before they are replaced.
+    plan_public_key: str = ""
+    agent_port: int = DEFAULT_AGENT_PORT
+    in_place_ack_seconds: float = 10.0
 
 
 @dataclass(frozen=True)

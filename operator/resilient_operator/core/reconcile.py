@@ -24,7 +24,7 @@ from datetime import datetime
 
 from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
-from resilient_operator.core import badnodes
+from resilient_operator.core import badnodes, handover
 from resilient_operator.core.model import Job, NodeView, OperatorConfig, PodView, Progress, WorkloadView
 from resilient_operator.core.plan import Plan
 from resilient_operator.core.rootstate import DISCOVERY_BUSY_RETRY_SECONDS, STORAGE_RETRY_SECONDS
@@ -69,7 +69,9 @@ def reconcile(
             d.fence([p for p in inp.pods if p.phase not in ("Succeeded", "Failed")])
     else:
         # Pods of older attempts never run beside the current one.
-        d.fence([p for p in inp.pods if p.attempt < d.attempt])
+        # (Except kept pods whose agents are taking the new attempt's plan: core/handover.py.)
+        waiting = handover.waiting(d.status, d.attempt, inp.pods)
+        d.fence([p for p in inp.pods if p.attempt < d.attempt and p.name not in waiting])
         held = False
         if job.spec.suspend:
             # Suspended: stop the gang and wait.

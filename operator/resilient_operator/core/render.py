@@ -7,14 +7,17 @@ terminating never collide with the new gang, and a restarted operator can read t
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from resilient_contract import completion, environment, progress
+from resilient_contract import completion, environment, plan, progress
 from resilient_contract.environment import WorkerEnv
 from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core.drain import pdb_name
+from resilient_operator.core.inplace import template_hash
 from resilient_operator.core.model import Job
 
 
@@ -28,7 +31,22 @@ def service_name(job: str) -> str:
 
 def master_addr(job: Job, attempt: int) -> str:
     """Rank 0's stable DNS name through the headless Service (resolves via the pod's search path)."""
-    return f"{pod_name(job.name, attempt, 0)}.{service_name(job.name)}.{job.namespace}.svc"
+    return pod_host(job, pod_name(job.name, attempt, 0))
+
+
+def pod_host(job: Job, pod: str) -> str:
+    """A worker pod's DNS name through the headless Service (its hostname and subdomain are set so)."""
+    return f"{pod}.{service_name(job.name)}.{job.namespace}.svc"
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What a pod's agent needs for restartStrategy InPlace (resilient_contract.plan): the operator's public key,
+    the port to listen on, and how long to stay after its workers failed, waiting for a plan."""
+
+    public_key: str
+    port: int
+    linger_seconds: float
 
 
 def owner_reference(job: Job) -> dict[str, Any]:
@@ -119,7 +137,9 @@ def avoid_nodes(spec: dict[str, Any], nodes: Sequence[str]) -> None:
 
 
 def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None,
-                 lost_nodes: Sequence[str] = ()) -> dict[str, Any]:
+                 lost_nodes: Sequence[str] = (), master: str | None = None,
+                 agent: Agent | None = None) -> dict[str, Any]:
+    """Rank `rank` of `attempt`; `master` is rank 0's pod when that is a kept pod of an earlier attempt."""
     template = copy.deepcopy(dict(job.spec.template))
     meta = template.get("metadata") or {}
     spec = template["spec"]
@@ -131,18 +151,28 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         c.LABEL_RANK: str(rank),
         c.LABEL_ROLE: c.ROLE_WORKER,
     }
-    annotations = {**(meta.get("annotations") or {}), c.ANNOTATION_REPLICAS: str(replicas)}
+    annotations = {**(meta.get("annotations") or {}), c.ANNOTATION_REPLICAS: str(replicas),
+                   c.ANNOTATION_TEMPLATE_HASH: template_hash(job.spec.template)}
     if resume:
         annotations[c.ANNOTATION_RESUME_FROM] = resume.path
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
-    injected = worker_env(job, attempt, rank, replicas, resume).to_environ()
+    env_of = worker_env(job, attempt, rank, replicas, resume)
+    if master is not None:
+        env_of = dataclasses.replace(env_of, master_addr=pod_host(job, master))
+    injected = env_of.to_environ()
     # Set explicitly even when empty: a container's env wins over its envFrom, so no ConfigMap can supply it.
     injected.setdefault(environment.RESUME_FROM, "")
     if job.spec.progress_timeout:  # the launcher's hang watchdog (resilient_contract.progress)
         injected[progress.TIMEOUT_ENV] = f"{job.spec.progress_timeout:g}"
+    if agent is not None:
+        injected[plan.AGENT_PORT_ENV] = str(agent.port)
+        injected[plan.PUBLIC_KEY_ENV] = agent.public_key
+        injected[plan.LINGER_ENV] = f"{agent.linger_seconds:g}"
+    uid_ref = [{"name": plan.POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}] if agent else []
     for container in spec["containers"]:
-        env = [e for e in container.get("env") or [] if e.get("name") not in injected]
-        container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()]
+        env = [e for e in container.get("env") or [] if e.get("name") not in injected
+               and not (agent and e.get("name") == plan.POD_UID_ENV)]
+        container["env"] = env + [{"name": k, "value": v} for k, v in injected.items()] + uid_ref
         container.setdefault("terminationMessagePath", completion.TERMINATION_LOG_DEFAULT)
     spec["restartPolicy"] = "Never"
     spec.setdefault("automountServiceAccountToken", False)  # workers need no API access unless asked

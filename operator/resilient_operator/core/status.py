@@ -144,6 +144,10 @@ class HistoryEntry(TypedDict, total=False):
     endReason: str
     nodes: list[str]
     lateWrite: LateWrite
+    restart: str  # constants.RestartStrategy: how this attempt was started (absent for the first)
+    kept: list[str]  # InPlace: the pods of the previous attempt that carry on in this one
+    replaced: list[str]  # InPlace: the previous attempt's pods that were not kept
+    fallback: str  # InPlace: why a kept pod was replaced after all
 
 
 class Condition(TypedDict, total=False):
@@ -155,6 +159,15 @@ class Condition(TypedDict, total=False):
     message: str
     lastTransitionTime: str
     observedGeneration: int
+
+
+class InPlace(TypedDict, total=False):
+    """status.inPlace: an in-place start waiting for kept pods' agents to take their plans (core/inplace.py)."""
+
+    attempt: int
+    since: str
+    master: str  # the pod whose agent becomes rank 0: the rendezvous host
+    pods: dict[str, int]  # kept pod -> its rank in the new attempt, until its agent acknowledges
 
 
 class JobStatus(TypedDict, total=False):
@@ -183,4 +196,5 @@ class JobStatus(TypedDict, total=False):
     growBack: GrowBack
     kueue: KueueStatus
     history: list[HistoryEntry]
+    inPlace: InPlace
     conditions: list[Condition]

@@ -27,6 +27,7 @@ from resilient_operator.core import (
     growback,
     health,
     history,
+    inplace,
     queueing,
 )
 from resilient_operator.core.conditions import set_condition
@@ -137,6 +138,18 @@ class Draft:
         out = fencing.fence(pods, self._health, set(self.plan.delete) | set(self.plan.force_delete))
         self.plan.force_delete += out.force
         self.plan.delete += out.delete
+
+    def keep(self, inp: Inputs) -> list[PodView]:
+        """The current attempt's pods that may carry on into the next one in place (none when it recreates)."""
+        if inplace.recreate_reason(inp.job, inp.config):
+            return []
+        avoid = set(inp.health.lost_names) | set(inp.draining) | set(self.bad_nodes(inp.now))
+        return inplace.keepable(self.current(inp), inp.health, avoid, inplace.template_hash(inp.job.spec.template))
+
+    def fence_all_but_kept(self, inp: Inputs, pods: Sequence[PodView]) -> None:
+        """Fence the pods that cannot carry on in place (all of them when the job recreates)."""
+        kept = {p.name for p in self.keep(inp)}
+        self.fence([p for p in pods if p.name not in kept])
 
     def close_history(self, reason: str) -> None:
         history.close_entry(self.status, self.attempt, reason, self._ts)

@@ -7,7 +7,7 @@ from functools import partial
 
 from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
-from resilient_operator.core import capacity, drain, goodput, history, render, rootstate, settle
+from resilient_operator.core import capacity, drain, goodput, handover, history, inplace, render, rootstate, settle
 from resilient_operator.core.steps.draft import FENCE_RECHECK_SECONDS, Draft, Inputs
 from resilient_operator.core.timeutil import parse
 
@@ -25,7 +25,8 @@ def relaunch(inp: Inputs, d: Draft) -> None:
         d.count_planned()
         d.set_phase(c.RESTARTING)
         d.event("Normal", c.REASON_RESUMED, "resuming from the latest complete checkpoint")
-    if leftovers := [p for p in inp.pods if p.attempt <= d.attempt]:
+    kept = {p.name for p in d.keep(inp)}  # restartStrategy InPlace: these carry on into the next attempt
+    if leftovers := [p for p in inp.pods if p.attempt <= d.attempt and p.name not in kept]:
         d.fence(leftovers)
         d.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
         return
@@ -78,11 +79,14 @@ def _launch(inp: Inputs, d: Draft, replicas: int) -> None:
     st, job, resume = d.status, inp.job, inp.listing.latest
     previous = int(st.get("replicas") or 0)
     attempt = d.attempt + 1
+    previous_pods = d.current(inp)  # (before the status moves on to the new attempt)
+    arrangement = inplace.arrange(previous_pods, d.keep(inp), replicas)
     for skipped in inp.listing.skipped[:MAX_SKIPPED_EVENTS]:
         d.event("Warning", c.REASON_CHECKPOINT_SKIPPED, f"not resuming from {skipped.path}: {skipped.reason}")
     st["attempt"] = attempt
     st["replicas"] = replicas
     st.pop("nextRetryTime", None)
+    st.pop("inPlace", None)
     st.pop("growBack", None)
     st.setdefault("startTime", inp.ts)
     if resume:
@@ -94,11 +98,27 @@ def _launch(inp: Inputs, d: Draft, replicas: int) -> None:
     goodput.launched(d.raw, inp.now, resume.step if resume else None)
     d.plan.create.append(partial(render.service_manifest, job))
     d.plan.create.append(partial(render.pdb_manifest, job, attempt, replicas))
-    if attempt > 1:  # the previous attempt's pods are gone: its budget has nothing left to protect
+    if attempt > 1:  # the previous attempt's pods are gone or moving into this one: its budget protects nothing
         d.plan.release.append(drain.pdb_name(job.name, attempt - 1))
-    for rank in range(replicas):
-        d.plan.create.append(inp.placed(partial(render.pod_manifest, job, attempt, rank, replicas, resume,
-                                                d.avoid(inp))))
+    how = ""
+    if arrangement.kept:  # in place: kept pods get plans; new pods only once they took them (watch step)
+        d.fence([p for p in previous_pods if p.name in arrangement.replaced])  # kept beyond the new size
+        handover.open_handover(d.status, attempt, arrangement.kept, inp.ts)
+        master = arrangement.master or ""
+        for pod in previous_pods:
+            if pod.name in arrangement.kept:
+                d.plan.deliver.append(handover.delivery(job, inp.config, pod, arrangement.kept[pod.name], attempt,
+                                                        replicas, resume, master))
+        history.note_restart(d.status, attempt, c.RestartStrategy.IN_PLACE, list(arrangement.kept),
+                             arrangement.replaced)
+        how = (f" in place (kept {len(arrangement.kept)} pods; new pods for ranks "
+               f"{', '.join(map(str, arrangement.new_ranks)) or 'none'})")
+    else:
+        for rank in range(replicas):
+            d.plan.create.append(inp.placed(partial(render.pod_manifest, job, attempt, rank, replicas, resume,
+                                                    d.avoid(inp), None, handover.agent(job, inp.config))))
+        if attempt > 1:
+            history.note_restart(d.status, attempt, c.RestartStrategy.RECREATE)
     source = f"from {step_dir_name(resume.step)}" if resume else "from scratch (no complete checkpoint)"
     if attempt == 1:
         d.event("Normal", c.REASON_STARTED, f"started {replicas} workers ({job.spec.replicas} desired) {source}")
@@ -106,4 +126,4 @@ def _launch(inp: Inputs, d: Draft, replicas: int) -> None:
         failure = st.get("lastFailure") or {}
         after = f" after: {failure['message']}" if failure.get("attempt") == attempt - 1 else ""
         d.event("Normal", c.REASON_STARTED,
-                f"restarted {previous} -> {replicas} workers {source} as attempt {attempt}{after}")
+                f"restarted {previous} -> {replicas} workers{how} {source} as attempt {attempt}{after}")

@@ -66,7 +66,7 @@ def _on_failure(inp: Inputs, d: Draft, failure: failures.Failure, current: Seque
     goodput.open_recovery(d.raw, failure.kind, _occurred(inp, failure, current), inp.now, d.reached(inp))
     _blame(inp, d, failure)
     d.close_history(failure.reason)
-    d.fence(current)
+    d.fence_all_but_kept(inp, current)
     where = f" on node {failure.node}" if failure.node else ""
     d.event("Warning", failure.reason, f"attempt {d.attempt} broken{where}: {failure.message}")
     spent = budgets.spend(failure.kind, d.raw["restarts"], inp.job.spec.failure)
@@ -142,7 +142,7 @@ def _grow(inp: Inputs, d: Draft, decision: growback.Grow, current: Sequence[PodV
     d.count_planned()
     goodput.open_recovery(d.raw, c.PLANNED, inp.now, inp.now, d.reached(inp))
     d.close_history(c.REASON_GROW_BACK)
-    d.fence(current)
+    d.fence_all_but_kept(inp, current)
     d.set_phase(c.RESTARTING)
     d.condition(c.COND_RECOVERING, True, c.REASON_GROW_BACK, message)
     d.event("Normal", c.REASON_GROW_BACK, message)

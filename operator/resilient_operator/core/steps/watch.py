@@ -12,7 +12,7 @@ from functools import partial
 
 from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
-from resilient_operator.core import drain, failures, goodput, growback, history, render, stragglers
+from resilient_operator.core import drain, failures, goodput, growback, handover, history, render, stragglers
 from resilient_operator.core.conditions import get_condition
 from resilient_operator.core.model import PodView
 from resilient_operator.core.steps.draft import Draft, Inputs, Interruption
@@ -76,16 +76,19 @@ def _succeed(inp: Inputs, d: Draft) -> None:
 
 
 def _finish_starting(inp: Inputs, d: Draft, current: Sequence[PodView], replicas: int) -> None:
-    present = {p.rank for p in current}
-    missing = [r for r in range(replicas) if r not in present]
-    if missing:  # a crash (or a refused create) between the status write and the creates
-        d.plan.create.append(partial(render.service_manifest, inp.job))
-        d.plan.create.append(partial(render.pdb_manifest, inp.job, d.attempt, replicas))
     resumed = d.status.get("resumedFrom")
     resume = Verdict(resumed["step"], resumed["path"], True) if resumed else None
+    if _handing_over(inp, d, replicas, resume):
+        return
+    present = {p.rank for p in current}
+    missing = [r for r in range(replicas) if r not in present]
+    if missing:  # new ranks of an in-place start; or a crash (or a refused create) after the status write
+        d.plan.create.append(partial(render.service_manifest, inp.job))
+        d.plan.create.append(partial(render.pdb_manifest, inp.job, d.attempt, replicas))
+    master, agent = handover.master(d.status, d.attempt), handover.agent(inp.job, inp.config)
     for rank in missing:
         d.plan.create.append(inp.placed(partial(render.pod_manifest, inp.job, d.attempt, rank, replicas, resume,
-                                                 d.avoid(inp))))
+                                                 d.avoid(inp), master, agent)))
     if not missing and all(p.phase == "Running" for p in current):
         d.set_phase(c.RUNNING)
         goodput.running(d.raw, inp.now)
@@ -93,6 +96,27 @@ def _finish_starting(inp: Inputs, d: Draft, current: Sequence[PodView], replicas
         d.condition(c.COND_RUNNING, True, c.REASON_ALL_RUNNING, f"all {replicas} workers are running")
         d.condition(c.COND_RECOVERING, False, c.REASON_ALL_RUNNING, f"attempt {d.attempt} is running")
         d.event("Normal", c.REASON_ALL_RUNNING, f"attempt {d.attempt}: all {replicas} workers running")
+
+
+def _handing_over(inp: Inputs, d: Draft, replicas: int, resume: Verdict | None) -> bool:
+    """Kept pods are still taking their plans (resend them; no new pod before they did): True. Those whose
+    time is up are replaced by new pods for their ranks."""
+    pending, overdue, left = handover.follow(d.status, d.attempt, inp.pods, inp.now, inp.config)
+    if overdue:
+        why = (f"the agents of {', '.join(overdue)} did not take attempt {d.attempt}'s plan within "
+               f"{inp.config.in_place_ack_seconds:g}s: replacing them with new pods")
+        d.fence([p for p in inp.pods if p.name in overdue])
+        history.note_fallback(d.status, d.attempt, overdue, why)
+        d.event("Warning", c.REASON_IN_PLACE_FALLBACK, why)
+    if not pending:
+        return False
+    master = handover.master(d.status, d.attempt) or ""
+    for pod in inp.pods:
+        if pod.name in pending:
+            d.plan.deliver.append(handover.delivery(inp.job, inp.config, pod, pending[pod.name], d.attempt,
+                                                    replicas, resume, master))
+    d.plan.look_again(min(1.0, left))
+    return True
 
 
 def _grow_back(inp: Inputs, d: Draft, replicas: int) -> growback.Grow | None:

@@ -1,0 +1,86 @@
+"""The in-place handover (restartStrategy InPlace): hand kept pods their plans, follow the acknowledgements, and
+replace the pods whose agents do not answer in time.
+
+The launch step opens a handover (`status.inPlace`: the new attempt, when it began, the rendezvous host and
+kept pod -> rank) and asks the shell to deliver each kept pod its signed plan. An agent that took its plan has
+stopped its old workers and started the new attempt's; the shell then relabels the pod, which moves it into
+the new attempt. Until every kept pod has moved, no new pod is created: no worker of the new attempt starts
+before the old workers on kept pods are confirmed gone. A kept pod that is gone, or whose agent did not
+acknowledge within `in_place_ack_seconds`, is replaced by a new pod for its rank (an event and the history
+say so). Everything here is derived from status and the observed pods, so a restarted operator resumes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from resilient_contract.plan import Plan as AgentPlan
+from resilient_contract.storage.listing import Verdict
+from resilient_operator import constants as c
+from resilient_operator.core import inplace, render
+from resilient_operator.core.model import Job, OperatorConfig, PodView
+from resilient_operator.core.plan import Delivery
+from resilient_operator.core.status import InPlace, JobStatus
+from resilient_operator.core.timeutil import parse
+
+
+def agent(job: Job, config: OperatorConfig) -> render.Agent | None:
+    """The agent settings injected into this job's pods, or None when its recoveries recreate."""
+    if inplace.recreate_reason(job, config):
+        return None
+    # Kept pods must outlive detection, a settling wait and the handover itself.
+    linger = 2 * job.spec.node_loss_timeout + config.settle_seconds + config.in_place_ack_seconds
+    return render.Agent(config.plan_public_key, config.agent_port, linger)
+
+
+def delivery(job: Job, config: OperatorConfig, pod: PodView, rank: int, attempt: int, replicas: int,
+             resume: Verdict | None, master: str) -> Delivery:
+    """One kept pod's signed-to-be plan and the labels that move it into `attempt` once it acknowledges."""
+    plan = AgentPlan(job_uid=job.uid, pod_uid=pod.uid, attempt=attempt, nnodes=replicas, node_rank=rank,
+                     master_addr=render.pod_host(job, master), master_port=job.spec.master_port,
+                     resume_from=resume.path if resume else "")
+    annotations = {c.ANNOTATION_REPLICAS: str(replicas)}
+    if resume:
+        annotations[c.ANNOTATION_RESUME_FROM] = resume.path
+        annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
+    return Delivery(pod=pod.name, address=pod.ip or "", port=config.agent_port, plan=plan,
+                    labels={c.LABEL_ATTEMPT: str(attempt), c.LABEL_RANK: str(rank)}, annotations=annotations)
+
+
+def open_handover(status: JobStatus, attempt: int, kept: dict[str, int], ts: str) -> None:
+    master = next(name for name, rank in kept.items() if rank == 0)
+    status["inPlace"] = {"attempt": attempt, "since": ts, "master": master, "pods": dict(kept)}
+
+
+def master(status: JobStatus, attempt: int) -> str | None:
+    """The kept pod that is rank 0 of `attempt` (None: the attempt was recreated, rank 0 is its own pod)."""
+    handover = status.get("inPlace")
+    return handover.get("master") if handover and handover.get("attempt") == attempt else None
+
+
+def waiting(status: JobStatus, attempt: int, pods: Sequence[PodView]) -> dict[str, int]:
+    """Kept pods of `attempt` whose agents have not taken their plans yet (still in an older attempt, alive)."""
+    handover = status.get("inPlace")
+    if not handover or handover.get("attempt") != attempt:
+        return {}
+    alive = {p.name for p in pods if p.attempt < attempt and not p.deleting}
+    return {name: rank for name, rank in (handover.get("pods") or {}).items() if name in alive}
+
+
+def follow(status: JobStatus, attempt: int, pods: Sequence[PodView], now: datetime,
+           config: OperatorConfig) -> tuple[dict[str, int], list[str], float]:
+    """(still waiting, kept pods to replace now because their time is up, seconds left to wait).
+
+    Drops from status.inPlace every kept pod that moved into the attempt or is gone."""
+    handover: InPlace | None = status.get("inPlace")
+    if not handover or handover.get("attempt") != attempt:
+        return {}, [], 0.0
+    pending = waiting(status, attempt, pods)
+    handover["pods"] = dict(pending)
+    since = parse(handover.get("since"))
+    elapsed = (now - since).total_seconds() if since else config.in_place_ack_seconds
+    if pending and inplace.overdue(elapsed, config):
+        handover["pods"] = {}
+        return {}, sorted(pending), 0.0
+    return pending, [], max(0.0, config.in_place_ack_seconds - elapsed)

@@ -1,0 +1,191 @@
+"""restartStrategy InPlace: which pods stay, their new ranks, when to recreate instead, and the handover as the
+reconcile carries it out (plans for kept pods, no new pod before they took them, replacement when they don't)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from resilient_contract import environment
+from resilient_operator import constants as c
+from resilient_operator.core import inplace, reconcile
+from resilient_operator.core.model import OperatorConfig, PodView
+from resilient_operator.core.timeutil import fmt
+from tests.operator.builders import (
+    NOW,
+    assess,
+    gang,
+    healthy,
+    job,
+    listing,
+    node,
+    nodes,
+    pod,
+    running_status,
+)
+
+CONFIG = OperatorConfig(plan_public_key="operator-public-key", in_place_ack_seconds=10.0)
+IN_PLACE = {"restartStrategy": "InPlace"}
+HASH = inplace.template_hash(job().spec.template)
+
+
+@dataclass
+class Row:
+    name: str
+    pods: list[PodView]
+    kept: list[str]
+    health: Any = None
+    avoid: tuple[str, ...] = ()
+    replicas: int = 4
+    ranks: dict[str, int] = field(default_factory=dict)
+    new_ranks: tuple[int, ...] = ()
+
+
+ROWS = [
+    Row("every running pod on a healthy node stays, ranks unchanged", gang(1, 4),
+        ["demo-a1-0", "demo-a1-1", "demo-a1-2", "demo-a1-3"],
+        ranks={"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2, "demo-a1-3": 3}),
+    Row("a lost node's pod goes; survivors close ranks, lowest old rank becomes rank 0",
+        gang(1, 4), ["demo-a1-1", "demo-a1-2", "demo-a1-3"],
+        health=assess(node("n0", lease_age=30.0), node("n1"), node("n2"), node("n3")), replicas=3,
+        ranks={"demo-a1-1": 0, "demo-a1-2": 1, "demo-a1-3": 2}),
+    Row("a partitioned node (lease stale, containers alive) is replaced, never reused", gang(1, 2), ["demo-a1-0"],
+        health=assess(node("n0"), node("n1", lease_age=25.0)), replicas=2, ranks={"demo-a1-0": 0}, new_ranks=(1,)),
+    Row("a failed, a deleting and a pending pod go", gang(1, 4, r0=dict(phase="Failed", exit_code=1),
+                                                      r1=dict(deleting=True), r2=dict(phase="Pending")),
+        ["demo-a1-3"], ranks={"demo-a1-3": 0}, new_ranks=(1, 2, 3)),
+    Row("a pod from another template goes", gang(1, 2, r1=dict(template="0123456789abcdef")), ["demo-a1-0"],
+        replicas=2, ranks={"demo-a1-0": 0}, new_ranks=(1,)),
+    Row("a pod without our template annotation goes", gang(1, 2, r1=dict(template=None)), ["demo-a1-0"],
+        replicas=2, ranks={"demo-a1-0": 0}, new_ranks=(1,)),
+    Row("a pod on an avoided or draining node goes", gang(1, 3), ["demo-a1-1"], avoid=("n0", "n2"), replicas=3,
+        ranks={"demo-a1-1": 0}, new_ranks=(1, 2)),
+    Row("growing back: all stay, the new rank gets a new pod", gang(1, 3), ["demo-a1-0", "demo-a1-1", "demo-a1-2"],
+        replicas=4, ranks={"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}, new_ranks=(3,)),
+    Row("more kept pods than the new size (multipleOf): the highest old ranks go", gang(1, 3),
+        ["demo-a1-0", "demo-a1-1", "demo-a1-2"], replicas=2, ranks={"demo-a1-0": 0, "demo-a1-1": 1}),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
+def test_which_pods_stay_and_their_new_ranks(row: Row) -> None:
+    health = row.health or assess(*healthy(4).values())
+    keep = inplace.keepable(row.pods, health, row.avoid, HASH)
+    assert [p.name for p in keep] == row.kept
+    arrangement = inplace.arrange(row.pods, keep, row.replicas)
+    assert arrangement.kept == row.ranks
+    assert arrangement.new_ranks == row.new_ranks
+    assert set(arrangement.replaced) == {p.name for p in row.pods} - set(row.ranks)
+
+
+@pytest.mark.parametrize(("spec", "config", "why"), [
+    ({}, CONFIG, "spec.restartStrategy is Recreate"),
+    (IN_PLACE, OperatorConfig(), "the operator has no plan signing key"),
+    (IN_PLACE, CONFIG, None),
+])  # fmt: skip
+def test_when_to_recreate(spec: dict[str, Any], config: OperatorConfig, why: str | None) -> None:
+    assert inplace.recreate_reason(job(**spec), config) == why
+
+
+def lost_n3() -> dict[str, Any]:
+    return nodes(node("n0"), node("n1"), node("n2"), node("n3", lease_age=25.0))
+
+
+def moved(attempt: int, old: list[PodView], ranks: dict[str, int], replicas: int) -> list[PodView]:
+    """Kept pods after their agents took the plan: relabelled into `attempt` (same names, nodes)."""
+    return [pod(attempt, ranks[p.name], node_name=p.node_name, name=p.name, replicas=replicas)
+            for p in old if p.name in ranks]
+
+
+def test_node_loss_in_place_fences_only_the_lost_pod_then_hands_the_survivors_their_plans() -> None:
+    spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
+    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    assert first.status["phase"] == c.RESTARTING
+    assert first.force_delete == ["demo-a1-3"] and first.delete == []  # survivors are not fenced
+    survivors = gang(1, 3)
+    second = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
+    st = second.status
+    assert st["attempt"] == 2 and st["replicas"] == 3 and st["phase"] == c.STARTING
+    assert [m["kind"] for m in second.manifests()] == ["Service", "PodDisruptionBudget"]  # no pod yet
+    assert {d.pod: d.plan.node_rank for d in second.deliver} == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}
+    plan = second.deliver[1].plan
+    assert (plan.attempt, plan.nnodes, plan.job_uid, plan.pod_uid) == (2, 3, "uid-1", "uid-demo-a1-1")
+    assert plan.master_addr == "demo-a1-0.demo.ml.svc" and plan.resume_from.endswith("step-0000000040")
+    assert second.deliver[1].labels == {c.LABEL_ATTEMPT: "2", c.LABEL_RANK: "1"}
+    assert second.deliver[1].address == "10.1.1.1" and second.deliver[1].port == CONFIG.agent_port
+    entry = st["history"][-1]
+    assert entry["restart"] == "InPlace" and entry["kept"] == ["demo-a1-0", "demo-a1-1", "demo-a1-2"]
+    assert entry["replaced"] == []  # the lost pod was already gone when the attempt started
+    assert st["inPlace"]["pods"] == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}
+    assert any("in place (kept 3 pods; new pods for ranks none)" in e.message for e in second.events)
+    # A second pass before any acknowledgement: the plans are sent again, nothing else happens.
+    again = reconcile(job(st, **spec), survivors, lost_n3(), listing(40), NOW + timedelta(seconds=1), config=CONFIG)
+    assert len(again.deliver) == 3 and again.delete == [] and again.force_delete == []
+    assert [m for m in again.manifests() if m["kind"] == "Pod"] == []
+    # All three took their plans: attempt 2 runs on the same pods, and nothing is created or sent.
+    done = reconcile(job(st, **spec), moved(2, survivors, st["inPlace"]["pods"], 3), lost_n3(), listing(40),
+                     NOW + timedelta(seconds=2), config=CONFIG)
+    assert done.status["phase"] == c.RUNNING and done.deliver == [] and list(done.manifests()) == []
+    assert done.delete == [] and done.force_delete == []
+
+
+def test_an_agent_that_does_not_answer_is_replaced_by_a_new_pod_for_its_rank() -> None:
+    spec = dict(IN_PLACE)
+    status = running_status(attempt=2, replicas=3, phase=c.STARTING,
+                            inPlace={"attempt": 2, "since": fmt(NOW), "master": "demo-a1-0",
+                                     "pods": {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}},
+                            history=[{"attempt": 2, "replicas": 3, "startTime": fmt(NOW), "restart": "InPlace",
+                                      "kept": ["demo-a1-0", "demo-a1-1", "demo-a1-2"], "replaced": []}],
+                            resumedFrom={"path": "/ckpt/demo/step-0000000040", "step": 40})
+    took = moved(2, gang(1, 2), {"demo-a1-0": 0, "demo-a1-1": 1}, 3)
+    silent = pod(1, 2, node_name="n2", replicas=4)
+    early = reconcile(job(status, **spec), [*took, silent], healthy(3), listing(40), NOW + timedelta(seconds=5),
+                      config=CONFIG)
+    assert [d.pod for d in early.deliver] == ["demo-a1-2"] and early.delete == []
+    late = reconcile(job(status, **spec), [*took, silent], healthy(3), listing(40), NOW + timedelta(seconds=11),
+                     config=CONFIG)
+    assert late.delete == ["demo-a1-2"] and late.deliver == []
+    assert any(e.reason == c.REASON_IN_PLACE_FALLBACK for e in late.events)
+    created = [m for m in late.manifests() if m["kind"] == "Pod"]
+    assert [m["metadata"]["name"] for m in created] == ["demo-a2-2"]
+    env = {e["name"]: e.get("value") for e in created[0]["spec"]["containers"][0]["env"]}
+    assert env[environment.MASTER_ADDR] == "demo-a1-0.demo.ml.svc"  # the kept rank 0 is the rendezvous host
+    assert env[environment.NODE_RANK] == "2" and env[environment.ATTEMPT] == "2"
+    entry = late.status["history"][-1]
+    assert entry["kept"] == ["demo-a1-0", "demo-a1-1"] and entry["replaced"] == ["demo-a1-2"] and entry["fallback"]
+
+
+def test_growing_back_in_place_keeps_the_gang_and_creates_only_the_new_rank_after_the_handover() -> None:
+    spec = dict(IN_PLACE)
+    status = running_status(attempt=1, replicas=3, growBack={"replicas": 4, "sinceStep": 30},
+                            latestCheckpoint={"path": "/ckpt/demo/step-0000000040", "step": 40})
+    # Nothing to fence, so the stop and the in-place start are one pass.
+    start = reconcile(job(status, **spec), gang(1, 3), healthy(4), listing(40), NOW, config=CONFIG)
+    assert start.delete == [] and start.force_delete == [] and start.status["phase"] == c.STARTING
+    assert start.status["attempt"] == 2 and start.status["replicas"] == 4 and len(start.deliver) == 3
+    assert [m for m in start.manifests() if m["kind"] == "Pod"] == []
+    after = reconcile(job(start.status, **spec), moved(2, gang(1, 3), start.status["inPlace"]["pods"], 4),
+                      healthy(4), listing(40), NOW + timedelta(seconds=1), config=CONFIG)
+    assert [m["metadata"]["name"] for m in after.manifests() if m["kind"] == "Pod"] == ["demo-a2-3"]
+
+
+def test_recreate_is_unchanged_and_says_so_in_the_history() -> None:
+    first = reconcile(job(running_status()), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    assert sorted(first.delete + first.force_delete) == [f"demo-a1-{r}" for r in range(4)]
+    second = reconcile(job(first.status), [], lost_n3(), listing(40), NOW, config=CONFIG)
+    assert second.deliver == [] and len([m for m in second.manifests() if m["kind"] == "Pod"]) == 3
+    assert second.status["history"][-1]["restart"] == "Recreate"
+
+
+def test_kept_pods_carry_the_agent_settings_and_recreated_ones_too() -> None:
+    plan = reconcile(job({}, **IN_PLACE), [], healthy(4), listing(), NOW, config=CONFIG)
+    pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
+    env = {e["name"]: e for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert env["RTJ_PLAN_PUBLIC_KEY"]["value"] == "operator-public-key"
+    assert env["RTJ_AGENT_PORT"]["value"] == str(CONFIG.agent_port)
+    assert env["RTJ_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert float(env["RTJ_AGENT_LINGER_SECONDS"]["value"]) >= 2 * 20
+    assert pods[0]["metadata"]["annotations"][c.ANNOTATION_TEMPLATE_HASH] == HASH
