@@ -34,7 +34,7 @@ FULLNAME = "rtj-resilient-training-operator"  # the release's objects, the leade
 RBAC_NAMESPACED = {
     ("training.resilient.dev", "resilienttrainingjobs"): {"list", "watch"},  # the cache; never a get by name
     ("training.resilient.dev", "resilienttrainingjobs/status"): {"patch"},  # the only writer of status
-    ("", "pods"): {"list", "watch", "create", "delete"},  # create gangs, fence, the cache
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},  # create gangs, fence, the cache, relabel a kept pod
     ("", "services"): {"create"},  # the headless rendezvous Service (AlreadyExists is fine)
     ("", "events"): {"create"},  # kubectl describe tells the story; kopf's own events
     ("policy", "poddisruptionbudgets"): {"create", "delete"},  # one per attempt: kubectl drain waits
@@ -165,7 +165,7 @@ def test_every_rendered_object_validates_against_kubernetes_1_34(helm: str, tmp_
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                             "Service", "Deployment", "NetworkPolicy", "Role", "RoleBinding", "Role", "RoleBinding",
-                            "PodDisruptionBudget"])  # fmt: skip  # leader election's, node Leases
+                            "Role", "RoleBinding", "PodDisruptionBudget"])  # fmt: skip  # leader, node Leases, plan key
     for doc in docs:
         try:
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -316,16 +316,15 @@ def test_cluster_role_is_exactly_the_least_privilege_table(helm: str, tmp_path: 
     role = one(docs, "ClusterRole")
     assert granted(role) == RBAC
     node_lease_role(docs)  # node heartbeats: kube-node-lease only
-    # the only other Role: leader election's, on the one Lease in the release namespace
-    (leader,) = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    # leader election's Role, on the one Lease in the release namespace (the plan key's: test_plan_key_chart.py)
+    (leader,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader")]
     assert leader["metadata"]["namespace"] == NAMESPACE
     assert leader["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [FULLNAME],
          "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]  # fmt: skip
-    (leader_binding,) = [b for b in by_kind(docs, "RoleBinding")
-                         if not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)]
+    (leader_binding,) = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-leader")]
     assert leader_binding["roleRef"]["name"] == leader["metadata"]["name"]
 
     binding = one(docs, "ClusterRoleBinding")

@@ -56,7 +56,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
     assert all(set(verbs) <= {"get", "list", "watch"} for verbs in granted(cluster_role).values())
     leader = "rtj-resilient-training-operator-leader"  # leader election's Role, in the release namespace
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role") if r["metadata"]["name"] != leader
-             and not r["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
+             and not r["metadata"]["name"].endswith((NODE_LEASES_ROLE, "-plan-key"))}  # plan key: its own test
     assert set(roles) == {"ml-a", "ml-b", NODE_LEASE_NS}
     node_lease_role(docs)  # the Leases: only there
     for ns in ("ml-a", "ml-b"):
@@ -67,7 +67,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
 
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != leader
-                and not b["metadata"]["name"].endswith(NODE_LEASES_ROLE)}
+                and not b["metadata"]["name"].endswith((NODE_LEASES_ROLE, "-plan-key"))}
     assert set(bindings) == set(roles)
     for ns, binding in bindings.items():
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -81,7 +81,7 @@ def test_watched_namespaces_get_roles_and_the_cluster_keeps_only_node_facts(helm
 def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path, {"watchNamespaces": ["ml-a", NODE_LEASE_NS]})
     roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith(
-        ("-leader", NODE_LEASES_ROLE))}  # leader election's Role (release namespace) and the node Leases' aside
+        ("-leader", NODE_LEASES_ROLE, "-plan-key"))}  # leader election's, the node Leases' and the plan key's aside
     assert sorted(roles) == ["kube-node-lease", "ml-a"]  # no duplicate Role (the install would fail)
     assert granted(roles[NODE_LEASE_NS]) == RBAC_NAMESPACED
 
@@ -89,10 +89,11 @@ def test_watching_kube_node_lease_itself_gets_the_full_role_once(helm: str, tmp_
 def test_every_namespace_watched_keeps_one_cluster_role(helm: str, tmp_path: Path) -> None:  # noqa: F811
     docs = render(helm, tmp_path)
     assert granted(one(docs, "ClusterRole")) == RBAC
-    # only leader election's Role and binding (the one Lease, in the release namespace)
+    # only leader election's Role and binding (the one Lease), the plan key's (release namespace), node Leases'
     node_lease_role(docs)
     assert sorted(r["metadata"]["name"] for r in by_kind(docs, "Role") + by_kind(docs, "RoleBinding")) == [
-        "rtj-resilient-training-operator-leader"] * 2 + ["rtj-resilient-training-operator-node-leases"] * 2
+        "rtj-resilient-training-operator-leader"] * 2 + ["rtj-resilient-training-operator-node-leases"] * 2 + [
+        "rtj-resilient-training-operator-plan-key"] * 2
 
 
 # ---- the discovery sandbox's values --------------------------------------------------------------------
@@ -182,7 +183,8 @@ def test_network_policy_lets_in_metrics_and_health_and_out_the_api_server_and_dn
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
     assert policy["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}, {"port": 8081, "protocol": "TCP"}]}]
-    api, dns = policy["egress"]
+    api, agents, dns = policy["egress"]
+    assert agents == {"to": [{"namespaceSelector": {}}], "ports": [{"port": 29401, "protocol": "TCP"}]}
     assert api == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
     assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
                           "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]  # fmt: skip
@@ -203,6 +205,7 @@ def test_network_policy_narrows_and_extends_from_values(helm: str, tmp_path: Pat
     assert policy["egress"] == [
         {"ports": [{"port": 443, "protocol": "TCP"}],
          "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}, {"ipBlock": {"cidr": "172.18.0.2/32"}}]},
+        {"to": [{"namespaceSelector": {}}], "ports": [{"port": 29401, "protocol": "TCP"}]},  # the agents (POST /plan)
         storage,
     ]  # fmt: skip
     kubernetes_validate.validate(one(docs, "NetworkPolicy"), KUBE_VERSION, strict=True)

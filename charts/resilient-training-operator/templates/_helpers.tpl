@@ -76,6 +76,11 @@ message is for charts embedded as a subchart with schema checks skipped).
 {{- end }}
 {{- end }}
 
+{{/* The Secret holding the operator's plan-signing key (templates/plan-key.yaml, RTJ_PLAN_KEY_SECRET). */}}
+{{- define "rto.planKeySecret" -}}
+{{- .Values.planDelivery.keySecret | default (printf "%s-plan-key" (include "rto.fullname" . | trunc 54 | trimSuffix "-")) }}
+{{- end }}
+
 {{/*
 The operator's rights on namespaced objects: in the ClusterRole when every namespace is watched, in a
 Role per namespace when watchNamespaces is set. Every verb is something the operator does.
@@ -92,10 +97,12 @@ Role per namespace when watchNamespaces is set. Every verb is something the oper
   resources: ["resilienttrainingjobs/status"]
   verbs: ["patch"]
 # Worker pods: create a gang; delete (force-delete on lost nodes) to fence a broken attempt; list +
-# watch into the cache (failures, deletions). No get: nothing reads a pod by name.
+# watch into the cache (failures, deletions); patch the labels and annotations of a pod kept by an
+# in-place restart once its agent took the next attempt's plan (delivery.py; guarded by the pod's uid).
+# No get: nothing reads a pod by name.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 # The headless rendezvous Service of each job (created once, owned by the job; garbage-collected
 # with it, so no delete; AlreadyExists is fine, so no get).
 - apiGroups: [""]
