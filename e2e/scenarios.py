@@ -123,6 +123,7 @@ class Timeline:
     replicas: int = 0
     resumed_step: int | None = None
     notes: list[str] = field(default_factory=list)
+    writes: dict[str, int] = field(default_factory=dict)  # API writes during the recovery (bench/node_loss.py)
 
     STAGES = ("detected", "fenced", "running", "loaded", "first_step")
 
@@ -147,9 +148,12 @@ def kill_and_time(cluster: ClusterLike, namespace: str, name: str, node: str, ti
         names = {p.metadata.name for p in pods}
         if tl.detected != tl.detected and (status.get("lastFailure") or {}).get("attempt") == old_attempt:
             tl.detected = now
-        if tl.detected == tl.detected and tl.fenced != tl.fenced and not (old_pods & names):
-            tl.fenced = now
         new = [p for p in pods if int(p.metadata.labels[c.LABEL_ATTEMPT]) > old_attempt]
+        # Fenced: no pod of the broken attempt is left in it (Recreate: all gone; InPlace: the lost ones gone
+        # and the kept ones moved into the new attempt, their old workers confirmed stopped by their agents).
+        if tl.detected == tl.detected and tl.fenced != tl.fenced and not (old_pods & names - {
+                p.metadata.name for p in new}):
+            tl.fenced = now
         if tl.running != tl.running and new and status.get("phase") == c.RUNNING and all(
             p.status.phase == "Running" for p in new
         ):
@@ -157,7 +161,7 @@ def kill_and_time(cluster: ClusterLike, namespace: str, name: str, node: str, ti
         if tl.running == tl.running:
             rank0 = next(p.metadata.name for p in new if p.metadata.labels[c.LABEL_RANK] == "0")
             log = trainer_log(cluster, namespace, rank0)
-            match = resumed.search(log)
+            match = next(reversed(list(resumed.finditer(log))), None)  # a kept pod's log holds earlier attempts
             if match and tl.loaded != tl.loaded:
                 tl.loaded, tl.resumed_step = now, int(match.group(2))
             if match and re.search(rf"^RTJ_STEP step=(?!{match.group(2)}\b)\d+", log[match.end():], re.M):

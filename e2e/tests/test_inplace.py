@@ -1,0 +1,114 @@
+"""restartStrategy InPlace on a real control plane: a node loss keeps the surviving pods (same pods, same
+uids), their agents take the operator's signed plan, the job resumes smaller from the newest complete
+checkpoint without a single new pod and ends with the right model; an agent that never answers is replaced;
+a plan the operator did not sign is refused."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from e2e import scenarios, support
+from e2e.cluster import ClusterLike, HasNetns, wait_for
+from e2e.support import events, get_job, job_pods, node_of, running_attempt, wait_phase
+from resilient_contract import plan as agent_plan
+from resilient_operator import constants as c
+
+pytestmark = [pytest.mark.cluster]
+IN_PLACE = {"restartStrategy": c.RestartStrategy.IN_PLACE.value}
+
+
+@pytest.mark.timeout(600)
+def test_node_loss_in_place_keeps_the_survivors_and_ends_with_the_right_model(
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
+) -> None:
+    import torch
+
+    ns, name = job_ns, "inplace"
+    job = scenarios.submit_example(cluster, ns, name, steps=scenarios.STEPS, **IN_PLACE)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    uids = {p.metadata.name: p.metadata.uid for p in pods}
+    scenarios.first_complete_checkpoint(cluster, job)
+    lost_node = node_of(pods, "1")
+    lost_pod = next(p.metadata.name for p in pods if p.spec.node_name == lost_node)
+    timeline = scenarios.kill_and_time(cluster, ns, name, lost_node)
+    print(f"\nin-place recovery timeline after killing {lost_node}: {timeline.row()}")
+    assert timeline.attempt == 2 and timeline.replicas == 3
+
+    status = get_job(cluster, ns, name)["status"]
+    entry = next(e for e in status["history"] if e["attempt"] == 2)
+    kept = sorted(set(uids) - {lost_pod})
+    assert entry["restart"] == "InPlace" and entry["kept"] == kept, entry
+    now = running_attempt(cluster, ns, name, 2, 3)
+    # the same pods (same uids), relabelled: not one pod was created for the recovery
+    assert {p.metadata.name: p.metadata.uid for p in now} == {n: uids[n] for n in kept}
+    assert sorted(p.metadata.labels[c.LABEL_RANK] for p in now) == ["0", "1", "2"]
+
+    final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    assert final["restarts"]["infrastructure"] == 1
+    rank0 = next(p.metadata.name for p in job_pods(cluster, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
+    result = scenarios.result_line(scenarios.trainer_log(cluster, ns, rank0))
+    assert result and result["step"] == str(scenarios.STEPS) and result["world_size"] == "3"
+    state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
+    diff = scenarios.relative_difference(reference["model"], state["model"])
+    print(f"final model vs failure-free reference: relative difference {diff:.2e}")
+    assert diff <= scenarios.TOLERANCE
+    assert any("in place (kept 3 pods" in e for e in events(cluster, ns, name))
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_that_never_answers_is_replaced_by_a_new_pod(cluster: ClusterLike, job_ns: str) -> None:
+    """Pods that run no agent (a plain shell): the kept pods never take their plans, so after the bound the
+    operator replaces them, says so, and the job runs again."""
+    ns, name = job_ns, "silent"
+    cluster.apply(support.job_manifest(name, ns, replicas=3, min_replicas=2, **IN_PLACE))
+    pods = running_attempt(cluster, ns, name, 1, 3, timeout=120)
+    cluster.kill_node(node_of(pods, "2"))
+    wait_for(lambda: any(e.startswith(c.REASON_IN_PLACE_FALLBACK) for e in events(cluster, ns, name)), 90,
+             "the in-place fallback event")
+    now = running_attempt(cluster, ns, name, 2, 2, timeout=120)
+    assert all(p.metadata.name.startswith(f"{name}-a2-") for p in now)  # new pods for both ranks
+    entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 2)
+    assert entry["restart"] == "InPlace" and entry["kept"] == [] and entry.get("fallback"), entry
+
+
+@pytest.mark.timeout(600)
+def test_a_plan_not_signed_by_the_operator_is_refused_and_training_goes_on(
+    cluster: ClusterLike, job_ns: str
+) -> None:
+    """An impostor with the job's labels and a key of its own tells an agent to restart: 403, nothing moves."""
+    ns, name = job_ns, "steered"
+    scenarios.submit_example(cluster, ns, name, steps=400, **IN_PLACE)
+    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
+    target = pods[0]
+    forged = agent_plan.Plan(job_uid=get_job(cluster, ns, name)["metadata"]["uid"], pod_uid=target.metadata.uid,
+                             attempt=9, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                             resume_from="")
+    body = agent_plan.sign(forged, agent_plan.new_private_key())
+    url = f"http://{target.status.pod_ip}:{agent_plan.DEFAULT_AGENT_PORT}{agent_plan.PATH}"
+
+    def post() -> int:
+        request = urllib.request.Request(url, data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    def reach(fn: Any) -> Any:  # pod addresses live in the cluster's network namespace
+        return cluster.in_netns(fn, timeout=15) if isinstance(cluster, HasNetns) else fn()
+
+    assert reach(post) == 403
+    health = f"http://{target.status.pod_ip}:{agent_plan.DEFAULT_AGENT_PORT}/healthz"
+
+    def running_attempt_of_agent() -> int:
+        with urllib.request.urlopen(health, timeout=5) as answer:
+            return int(json.loads(answer.read())["attempt"])
+
+    assert reach(running_attempt_of_agent) == 1
+    assert get_job(cluster, ns, name)["status"]["attempt"] == 1
+    assert {p.metadata.uid for p in running_attempt(cluster, ns, name, 1, 4)} == {p.metadata.uid for p in pods}
