@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
@@ -25,7 +25,7 @@ from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
 from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, history, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
-from resilient_operator.core.plan import Render
+from resilient_operator.core.plan import Delivery, Render
 from resilient_operator.core.reconcile import needs_discovery
 from resilient_operator.core.timeutil import parse
 from resilient_operator.kube import Kube
@@ -152,7 +152,13 @@ def apply_workload(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: P
             cache.expect("create-workload", ns, name)
 
 
-def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> None:
+class Deliver(Protocol):
+    """Where in-place plans go (delivery.Deliverer): queued, never awaited by the reconcile."""
+
+    def submit(self, namespace: str, deliveries: Iterable[Delivery]) -> int: ...
+
+
+def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan, deliver: Deliver | None = None) -> None:
     """Write what the plan asks, skipping creates and deletes issued before that the cache does not show yet.
 
     First, the leader check (leader.Elector.ensure; NotLeader unless this replica renewed its Lease within the
@@ -175,6 +181,8 @@ def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan) -> N
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
         cache.wrote_job(kube.write_status(obj, patch))
+    if plan.deliver and deliver is not None:  # after the status names the new attempt, so a crash resumes it
+        deliver.submit(ns, plan.deliver)
     try:
         _create_all(kube, cache, plan.create)
     except _Rejected as exc:  # admission, quota, an invalid template: say so, once per reconcile
@@ -304,7 +312,8 @@ def taint_bad_nodes(kube: Kube, config: OperatorConfig, nodes: dict[str, NodeVie
 
 
 def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
-                  config: OperatorConfig | None = None, kueue: bool = False) -> tuple[float | None, str | None]:
+                  config: OperatorConfig | None = None, kueue: bool = False,
+                  deliver: Deliver | None = None) -> tuple[float | None, str | None]:
     """Run one pass; returns (seconds until the core wants another look, the phase written)."""
     with metrics.RECONCILE_SECONDS.time():
         observed = observe(cache, namespace, name, config)
@@ -321,7 +330,7 @@ def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
         reports = read_progress(job, pods, now, found) if not listing.error else []  # only under an accepted root
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
                          config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue)
-        apply(kube, cache, obj, plan)
+        apply(kube, cache, obj, plan, deliver)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)
         where = {p.name: p.node_name or "" for p in pods}

@@ -17,6 +17,7 @@ collects keys, so at takeover every job is looked at once, from caches that are 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from resilient_operator import constants as c
-from resilient_operator import controller, discovery, leader, metrics
+from resilient_operator import controller, delivery, discovery, leader, metrics, plankey
 from resilient_operator.cache import ClusterCache
 from resilient_operator.core import routing
 from resilient_operator.informer import Obj
@@ -57,6 +58,7 @@ class State:
     errors: dict[JobKey, int] = field(default_factory=dict)  # consecutive failed reconciles, for backoff
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     elector: leader.Elector | None = None
+    deliverer: delivery.Deliverer | None = None  # in-place plans (None: no signing key, every restart recreates)
 
 
 def _state(memo: Any) -> State:
@@ -75,6 +77,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.standalone = True  # no kopf peering: the leader Lease decides who writes (leader.py)
     load_config()
     state.kube = Kube()
+    await _load_plan_key(state)
     discovery.start(state.settings.discovery)  # checkpoint discovery's sandboxed worker pool
     if state.settings.metrics_port:
         start_http_server(state.settings.metrics_port)
@@ -105,6 +108,21 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     state.kube.write_guard = state.elector.ensure  # no write unless the Lease is ours, by our own clock
     state.tasks.append(asyncio.create_task(_lead(state, leading), name="rtj-lead"))
     state.elector.start()  # a standby only after its caches are filled: it may take over at any moment
+
+
+async def _load_plan_key(state: State) -> None:
+    """The signing key for in-place plans (plankey.py); without it every job's restarts recreate, said once."""
+    assert state.kube is not None
+    ds = state.settings.delivery
+    try:
+        key = await asyncio.to_thread(plankey.load_or_create, state.kube.core, ds.namespace, ds.plan_key_secret)
+    except Exception as exc:  # RBAC, a malformed Secret: run on, recreating, and say why
+        log.warning("no plan signing key (%s/%s: %s): restartStrategy InPlace jobs recreate their pods on every "
+                    "restart", ds.namespace, ds.plan_key_secret, exc)
+        return
+    state.deliverer = delivery.Deliverer(state.kube, key.private, ds.workers, ds.timeout_seconds)
+    config = dataclasses.replace(state.settings.config, plan_public_key=key.public)
+    state.settings = dataclasses.replace(state.settings, config=config)
 
 
 async def _lead(state: State, leading: asyncio.Event) -> None:
@@ -144,7 +162,8 @@ async def _worker(state: State) -> None:
             continue
         try:
             requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, state.cache, *key,
-                                                     state.settings.config, state.settings.kueue)
+                                                     state.settings.config, state.settings.kueue,
+                                                     state.deliverer)
             if phase:
                 _note_phase(state, key, phase)
             state.errors.pop(key, None)
