@@ -61,6 +61,15 @@ def _lease_or_none(expected: tuple[int, ...], call: Callable[[], Any]) -> dict[s
         raise
 
 
+def _invalid_field(exc: ApiException) -> str | None:
+    """The field a 422 names (the first cause's), if any."""
+    try:
+        causes = (json.loads(exc.body or "{}").get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        return None
+    return causes[0].get("field") if causes and isinstance(causes[0], dict) else None
+
+
 class Kube:
     """Thin, typed wrappers over the calls the controller needs."""
 
@@ -139,9 +148,9 @@ class Kube:
 
     def patch_pod_metadata(self, namespace: str, name: str, uid: str, labels: Mapping[str, str],
                            annotations: Mapping[str, str]) -> bool:
-        """Merge-patch labels and annotations onto the pod `name` whose uid is `uid` (the uid rides in the patch
-        as a precondition: a pod re-created under the same name is not relabelled). False if it is gone or
-        another pod now has the name."""
+        """Merge-patch labels and annotations onto the pod `name` whose uid is `uid` (the uid rides in the patch:
+        the API server refuses to change it, 422, so a pod re-created under the same name is not relabelled).
+        False if it is gone or another pod now has the name."""
         self.write_guard()
         body = {"metadata": {"uid": uid, "labels": dict(labels), "annotations": dict(annotations)}}
         try:
@@ -149,7 +158,7 @@ class Kube:
                                            _content_type="application/merge-patch+json")
             return True
         except ApiException as exc:
-            if exc.status in (404, 409):
+            if exc.status in (404, 409) or (exc.status == 422 and _invalid_field(exc) == "metadata.uid"):
                 return False
             raise
 

@@ -62,8 +62,8 @@ class Agent(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, public: str, hold: threading.Event | None = None) -> None:
-        self.public, self.hold, self.bodies = public, hold, list[bytes]()
+    def __init__(self, public: str, hold: threading.Event | None = None, pod_uid: str = POD_UID) -> None:
+        self.public, self.hold, self.pod_uid, self.bodies = public, hold, pod_uid, list[bytes]()
         super().__init__(("127.0.0.1", 0), _Handler)
 
     @property
@@ -83,7 +83,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.server.hold is not None:
             self.server.hold.wait(30)
         try:
-            got = plan.verify(body, self.server.public, JOB_UID, POD_UID)
+            got = plan.verify(body, self.server.public, JOB_UID, self.server.pod_uid)
             status, answer = 200, {"attempt": got.attempt, "state": plan.STARTED}
         except plan.NotForUs as exc:
             status, answer = 403, {"error": str(exc)}
