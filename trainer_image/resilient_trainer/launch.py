@@ -39,6 +39,10 @@ with some local rank making no step (before its first step, FIRST_STEP_TIMEOUTS 
 launch: imports, rendezvous, the checkpoint load), it
 writes an RTJ_HUNG termination message naming the last step and the rank that stopped first, kills the
 workers (a rank stuck in a collective never runs a SIGTERM handler) and exits HUNG_EXIT_CODE.
+
+With $RTJ_AGENT_PORT set (and the plan's key, the pod's and the job's uid), the launcher is the pod's
+long-lived agent instead: each attempt runs as a child process group and a signed plan from the operator
+switches attempts in place (resilient_trainer.agent).
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ class Watchdog:
             first = min(expected, key=lambda r: (steps[r], last[r]))
             stalled = now - last[first]
             limit = self.timeout if first in ranks else self.timeout * FIRST_STEP_TIMEOUTS
-            if stalled >= limit:
+            if stalled >= limit and not self._stop.is_set():  # a stopped watchdog's generation is gone
                 self.hung = completion.format_message(
                     completion.HUNG, step=steps[first], rank=first, stalled_s=f"{stalled:.1f}",
                     timeout_s=f"{self.timeout:g}", attempt=self.env.attempt)
@@ -244,7 +248,7 @@ def _outcome_for(attempt: str, path: str | None = None) -> completion.Outcome | 
     return outcome
 
 
-def _run_torchrun(argv: list[str], attempt: str, log_path: str | None, watchdog: Watchdog | None = None) -> int:
+def run_torchrun(argv: list[str], attempt: str, log_path: str | None, watchdog: Watchdog | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -271,7 +275,7 @@ def _run_torchrun(argv: list[str], attempt: str, log_path: str | None, watchdog:
         return 1
 
 
-def _clear(path: str | None) -> None:
+def clear_termination_message(path: str | None) -> None:
     """A stale message from an earlier container must not turn this run's failure into a success."""
     if path and os.path.exists(path) and os.access(path, os.W_OK):
         open(path, "w").close()
@@ -302,8 +306,8 @@ def main_local(extra: Sequence[str], script: Sequence[str]) -> int:
         if not log_path:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rtj-launch-"))
             log_path = os.environ[completion.TERMINATION_LOG_ENV] = os.path.join(tmp, "termination-log")
-        _clear(log_path)
-        return _run_torchrun(local_torchrun_args(opts.nproc_per_node, rest, script), attempt, log_path)
+        clear_termination_message(log_path)
+        return run_torchrun(local_torchrun_args(opts.nproc_per_node, rest, script), attempt, log_path)
 
 
 HELP_FLAGS = ("-h", "--help")
@@ -336,13 +340,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("rtj-launch: --checkpoint-root/--resume are for local runs; under the operator the job's "
               "spec.checkpoint and the operator's choice of checkpoint apply", file=sys.stderr)
         return 2
+    from resilient_trainer import agent  # not at the top: agent imports this module
+
+    try:
+        agent_config = agent.config(os.environ)
+    except environment.ContractError as exc:
+        print(f"rtj-launch: {exc}", file=sys.stderr)
+        return 2
     log_path = completion.termination_log_path()
-    _clear(log_path)
-    os.environ[progress.RANK_DIR_ENV] = tempfile.mkdtemp(prefix="rtj-progress-")  # pod-local, inherited
+    clear_termination_message(log_path)
     raw_timeout = os.environ.get(progress.TIMEOUT_ENV, "")
     timeout = float(raw_timeout) if raw_timeout.replace(".", "", 1).isdigit() and float(raw_timeout) > 0 else None
+    if agent_config is not None:  # the pod's long-lived agent: generations as child processes
+        return agent.main(agent_config, extra, script, timeout)
+    os.environ[progress.RANK_DIR_ENV] = tempfile.mkdtemp(prefix="rtj-progress-")  # pod-local, inherited
     watchdog = Watchdog(env, os.environ[progress.RANK_DIR_ENV], timeout)
-    return _run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path, watchdog)
+    return run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path, watchdog)
 
 
 if __name__ == "__main__":

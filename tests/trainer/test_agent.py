@@ -1,0 +1,343 @@
+"""The launcher as the pod's agent: signed plans switch attempts in place, with real launchers, torchrun and gloo.
+
+Each simulated pod is one `resilient_trainer.launch` process on loopback with its own `$RTJ_POD_UID` and a
+real Ed25519 key. The workers run SCRIPT: it records every start (pod, attempt, pid, rank, world size, resume
+point) and holds a lock for its whole life, so a worker of a later attempt that finds an earlier attempt's
+lock still held proves two generations overlapped. `python -m tests.trainer.test_agent` measures plan ->
+new workers running, with and without the parked (pre-imported) next generation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resilient_contract import completion, environment, plan, progress
+from resilient_trainer import agent
+from tests.trainer.harness import Launcher, Run, base_env, free_port, start_process, wait_for
+
+KEY = plan.new_private_key()
+JOB_UID = "job-1"
+LAUNCH = [sys.executable, "-m", "resilient_trainer.launch", "--"]
+
+SCRIPT = '''
+import fcntl, json, os, signal, sys, time
+from pathlib import Path
+
+t0 = time.time()
+out = Path(os.environ["AGENT_TEST_DIR"])
+pod, attempt = os.environ["RTJ_POD_UID"], os.environ["RTJ_ATTEMPT"]
+mine = out / f"held-{pod}-a{attempt}-{os.getpid()}"
+held = os.open(mine, os.O_CREAT | os.O_RDWR)
+fcntl.flock(held, fcntl.LOCK_EX)  # held until this process dies, however it dies
+overlap = []
+for other in out.glob(f"held-{pod}-a*"):
+    if other.name.startswith(f"held-{pod}-a{attempt}-"):
+        continue
+    fd = os.open(other, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        overlap.append(other.name)
+    finally:
+        os.close(fd)
+
+def record(event, **fields):
+    line = json.dumps({"event": event, "pod": pod, "attempt": int(attempt), "pid": os.getpid(), **fields})
+    with open(out / "events", "a") as f:
+        f.write(line + "\\n")
+
+record("start", time=t0, rank=os.environ["RANK"], world_size=os.environ["WORLD_SIZE"],
+       resume_from=os.environ.get("RTJ_RESUME_FROM"), overlap=overlap)
+mode = os.environ.get(f"AGENT_TEST_MODE_{attempt}", "finish")
+if mode == "fail":
+    sys.exit(3)
+if mode == "hang":
+    time.sleep(3600)
+
+def steps():  # progress for the launcher's watchdog, as a training loop would make
+    from resilient_contract import progress
+    for n in range(1, 10**6):
+        progress.write_rank(os.environ[progress.RANK_DIR_ENV], int(os.environ["RANK"]), n, 0.2, time.time())
+        time.sleep(0.2)
+
+import threading
+threading.Thread(target=steps, daemon=True).start()
+if os.environ.get(f"AGENT_TEST_IGNORE_TERM_{attempt}"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(total)
+record("ready", total=int(total.item()))
+if mode == "wait":
+    while True:
+        time.sleep(1)
+dist.destroy_process_group()
+record("done", total=int(total.item()))
+'''
+
+
+def pod_env(tmp: Path, pod: str, *, port: int, agent_port: int, node_rank: int = 0, nnodes: int = 1,
+            nproc: int = 1, attempt: int = 1, **extra: str) -> dict[str, str]:
+    env = base_env(tmp)
+    env.update(environment.WorkerEnv(
+        job_name="t", attempt=attempt, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
+        master_addr="127.0.0.1", master_port=port, checkpoint_root=str(tmp / "ckpt"), job_uid=JOB_UID,
+    ).to_environ())
+    env.update({
+        plan.AGENT_PORT_ENV: str(agent_port), plan.PUBLIC_KEY_ENV: plan.public_key(KEY), plan.POD_UID_ENV: pod,
+        completion.TERMINATION_LOG_ENV: str(tmp / f"termination-log-{pod}"), "AGENT_TEST_DIR": str(tmp),
+        agent.LINGER_ENV: "60",
+    })
+    env.update(extra)
+    return env
+
+
+def start_pod(launcher: Launcher, tmp: Path, pod: str, **kw: Any) -> tuple[Run, int]:
+    """One agent process; returns it once its HTTP server answers."""
+    agent_port = free_port()
+    script = tmp / "script.py"
+    script.write_text(SCRIPT)
+    run = start_process(launcher, [*LAUNCH, str(script)], pod_env(tmp, pod, agent_port=agent_port, **kw), pod)
+    assert wait_for(lambda: health(agent_port) is not None or run.ranks[0].poll() is not None, 60), run.tail()
+    assert run.ranks[0].poll() is None, run.tail()
+    return run, agent_port
+
+
+def health(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{agent.HEALTH_PATH}", timeout=5) as answer:
+            return dict(json.load(answer))
+    except OSError:
+        return None
+
+
+def post(port: int, body: bytes, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{plan.PATH}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, dict(json.load(answer))
+    except urllib.error.HTTPError as err:
+        return err.code, dict(json.load(err))
+
+
+def signed(pod: str, attempt: int, *, port: int, nnodes: int = 1, node_rank: int = 0, resume_from: str = "",
+           key: bytes = KEY, job_uid: str = JOB_UID) -> bytes:
+    return plan.sign(plan.Plan(job_uid=job_uid, pod_uid=pod, attempt=attempt, nnodes=nnodes, node_rank=node_rank,
+                               master_addr="127.0.0.1", master_port=port, resume_from=resume_from), key)
+
+
+def events(tmp: Path, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
+    path = tmp / "events"
+    lines = path.read_text().splitlines() if path.exists() else []
+    found = [json.loads(line) for line in lines]
+    return [e for e in found if (event is None or e["event"] == event)
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def no_overlap(tmp: Path) -> None:
+    starts = events(tmp, "start")
+    assert starts and not [e for e in starts if e["overlap"]], starts
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_survivor_switches_to_a_smaller_world(launcher: Launcher, tmp_path: Path) -> None:
+    """2 pods -> one is killed -> a plan for attempt 2 (world 1) makes the survivor stop its old workers and run
+    new ones that see the plan's environment and finish; its launcher exits 0."""
+    port1, port2 = free_port(), free_port()
+    modes = {"AGENT_TEST_MODE_1": "wait"}
+    a, a_port = start_pod(launcher, tmp_path, "pod-a", port=port1, nnodes=2, node_rank=0, **modes)
+    b, _ = start_pod(launcher, tmp_path, "pod-b", port=port1, nnodes=2, node_rank=1, **modes)
+    assert wait_for(lambda: len(events(tmp_path, "ready", attempt=1)) == 2, 120), a.tail() + b.tail()
+    assert {e["total"] for e in events(tmp_path, "ready")} == {3}
+    old = events(tmp_path, "start", pod="pod-a")[0]["pid"]
+    b.kill(signal.SIGKILL)  # the lost node: its launcher's process group
+
+    resume = str(tmp_path / "ckpt" / "step-0000000005")
+    assert post(a_port, signed("pod-a", 2, port=port2, resume_from=resume)) == (200, {"attempt": 2,
+                                                                                      "state": "started"})
+    assert not alive(old)  # confirmed gone before the answer
+    assert a.wait(120) == [0], a.tail()
+    (start,) = events(tmp_path, "start", attempt=2)
+    assert (start["pod"], start["rank"], start["world_size"], start["resume_from"]) == ("pod-a", "0", "1", resume)
+    assert [e["total"] for e in events(tmp_path, "done")] == [1]
+    no_overlap(tmp_path)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_two_survivors_swap_ranks(launcher: Launcher, tmp_path: Path) -> None:
+    """2 -> 2 with the node ranks swapped and a new rendezvous: both pods switch in place and finish."""
+    port1, port2 = free_port(), free_port()
+    modes = {"AGENT_TEST_MODE_1": "wait"}
+    pods = {name: start_pod(launcher, tmp_path, name, port=port1, nnodes=2, node_rank=rank, **modes)
+            for rank, name in enumerate(("pod-a", "pod-b"))}
+    assert wait_for(lambda: len(events(tmp_path, "ready", attempt=1)) == 2, 120), pods["pod-a"][0].tail()
+    for new_rank, (name, (_, port)) in enumerate(reversed(pods.items())):
+        assert post(port, signed(name, 2, port=port2, nnodes=2, node_rank=new_rank))[0] == 200
+    for run, _ in pods.values():
+        assert run.wait(120) == [0], run.tail()
+    ranks = {e["pod"]: (e["rank"], e["world_size"]) for e in events(tmp_path, "start", attempt=2)}
+    assert ranks == {"pod-a": ("1", "2"), "pod-b": ("0", "2")}
+    assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
+    no_overlap(tmp_path)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_foreign_stale_and_malformed_plans_are_refused(launcher: Launcher, tmp_path: Path) -> None:
+    """Another key, pod or job: 403; an older attempt: 409; junk: 400; a slow client blocks nobody. The running
+    workers are untouched; SIGTERM then ends the pod as today."""
+    port = free_port()
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=port, attempt=3, AGENT_TEST_MODE_3="wait")
+    assert wait_for(lambda: events(tmp_path, "ready"), 90), run.tail()
+    worker = events(tmp_path, "start")[0]["pid"]
+
+    slow = socket.create_connection(("127.0.0.1", agent_port))  # never finishes its request
+    slow.sendall(b"POST /plan HTTP/1.1\r\nContent-Length: 100\r\n")
+    try:
+        t0 = time.monotonic()
+        other_key = plan.new_private_key()
+        assert post(agent_port, signed("pod-a", 4, port=port, key=other_key))[0] == 403
+        assert post(agent_port, signed("pod-b", 4, port=port))[0] == 403
+        assert post(agent_port, signed("pod-a", 4, port=port, job_uid="job-2"))[0] == 403
+        assert post(agent_port, signed("pod-a", 2, port=port))[0] == 409
+        assert post(agent_port, signed("pod-a", 3, port=port)) == (200, {"attempt": 3, "state": "started"})
+        assert post(agent_port, b'{"plan": 1}')[0] == 400
+        with socket.create_connection(("127.0.0.1", agent_port), timeout=10) as big:  # refused unread
+            big.sendall(b"POST /plan HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+            assert big.recv(100).startswith(b"HTTP/1.0 400")
+        assert {k: v for k, v in (health(agent_port) or {}).items() if k != "prewarmed"} == {
+            "attempt": 3, "state": agent.RUNNING}
+        assert time.monotonic() - t0 < 20
+    finally:
+        slow.close()
+    assert alive(worker) and len(events(tmp_path, "start")) == 1  # untouched
+
+    t0 = time.monotonic()
+    os.kill(run.ranks[0].pid, signal.SIGTERM)  # pod deletion
+    assert run.wait(60) == [128 + signal.SIGTERM], run.tail()
+    assert time.monotonic() - t0 < 40  # no linger after SIGTERM (torchrun's own stop, as today)
+    assert not alive(worker)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_a_failed_generation_lingers_then_exits_with_its_status(launcher: Launcher, tmp_path: Path) -> None:
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="fail",
+                                **{agent.LINGER_ENV: "2"})
+    assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING
+                    or run.ranks[0].poll() is not None, 90), run.tail()
+    lingering = time.monotonic()
+    assert run.wait(60) == [1], run.tail()  # the plain launcher's status for a failed worker
+    assert time.monotonic() - lingering > 1
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_a_plan_within_the_linger_after_a_hang_runs_the_next_attempt(launcher: Launcher, tmp_path: Path) -> None:
+    """The watchdog ends a hung generation (RTJ_HUNG); a plan inside the linger starts the next one, whose
+    success is the pod's: the hang's termination message is cleared."""
+    port = free_port()
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=port, AGENT_TEST_MODE_1="hang",
+                                **{progress.TIMEOUT_ENV: "1"})
+    assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING, 90), run.tail()
+    outcome = completion.read_termination_message(str(tmp_path / "termination-log-pod-a"))
+    assert outcome is not None and outcome.kind == completion.HUNG
+    assert post(agent_port, signed("pod-a", 2, port=free_port()))[0] == 200
+    assert run.wait(120) == [0], run.tail()
+    assert [e["attempt"] for e in events(tmp_path, "done")] == [2]
+    assert completion.read_termination_message(str(tmp_path / "termination-log-pod-a")) is None
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_a_script_never_runs_twice_at_once(launcher: Launcher, tmp_path: Path) -> None:
+    """Three plans in a row on a 2-process pod, one generation ignoring SIGTERM (so SIGKILL ends it), each
+    sent as soon as the previous generation's workers started: no worker ever meets an earlier attempt's."""
+    env = {"AGENT_TEST_MODE_1": "wait", "AGENT_TEST_MODE_2": "wait", "AGENT_TEST_IGNORE_TERM_2": "1",
+           "AGENT_TEST_MODE_3": "wait"}
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), nproc=2, **env)
+    for attempt in (2, 3, 4):
+        assert wait_for(lambda a=attempt: len(events(tmp_path, "start", attempt=a - 1)) == 2, 90), run.tail()
+        if attempt == 3:  # the SIGTERM-ignoring generation must be inside its loop, not still importing
+            assert wait_for(lambda: len(events(tmp_path, "ready", attempt=2)) == 2, 90), run.tail()
+        assert post(agent_port, signed("pod-a", attempt, port=free_port()))[0] == 200
+    assert run.wait(120) == [0], run.tail()
+    assert sorted(e["attempt"] for e in events(tmp_path, "start")) == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
+    no_overlap(tmp_path)
+
+
+def test_config_needs_all_four_variables() -> None:
+    assert agent.config({}) is None and agent.config({plan.AGENT_PORT_ENV: "0"}) is None
+    full = {plan.AGENT_PORT_ENV: "29401", plan.PUBLIC_KEY_ENV: "k", plan.POD_UID_ENV: "p", environment.JOB_UID: "j",
+            agent.LINGER_ENV: "5", agent.STOP_GRACE_ENV: "junk"}
+    cfg = agent.config(full)
+    assert cfg is not None and (cfg.port, cfg.linger, cfg.grace, cfg.prewarm) == (29401, 5.0, 1.0, True)
+    with pytest.raises(environment.ContractError, match=plan.POD_UID_ENV):
+        agent.config({**full, plan.POD_UID_ENV: ""})
+    merged = agent.plan_environ({environment.RESUME_FROM: "/old", "X": "1"}, plan.Plan(
+        job_uid="j", pod_uid="p", attempt=2, nnodes=1, node_rank=0, master_addr="m", master_port=1, resume_from=""))
+    assert environment.RESUME_FROM not in merged and merged["X"] == "1" and merged[environment.ATTEMPT] == "2"
+
+
+def measure(tmp: Path, prewarm: bool) -> tuple[float, float]:
+    """(seconds from POST to the 200, seconds from POST to the new worker's first line) for one switch."""
+    launcher = Launcher(tmp)
+    try:
+        run, agent_port = start_pod(launcher, tmp, f"pod-{tmp.name}", port=free_port(), AGENT_TEST_MODE_1="hang",
+                                    **{agent.PREWARM_ENV: "1" if prewarm else "0"})
+        assert wait_for(lambda: events(tmp, "start"), 90), run.tail()
+        if prewarm:
+            assert wait_for(lambda: (health(agent_port) or {}).get("prewarmed"), 90), run.tail()
+        t0 = time.time()
+        assert post(agent_port, signed(f"pod-{tmp.name}", 2, port=free_port()))[0] == 200
+        answered = time.time()
+        assert wait_for(lambda: events(tmp, "start", attempt=2), 90), run.tail()
+        assert run.wait(90) == [0], run.tail()
+        return answered - t0, events(tmp, "start", attempt=2)[0]["time"] - t0
+    finally:
+        launcher.cleanup()
+
+
+def main() -> None:
+    """Plan -> new workers running, median of 5, prewarmed and not, interleaved (the machine may be loaded)."""
+    import tempfile
+
+    figures: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as root:
+        for rep in range(5):
+            for prewarm in (False, True):
+                tmp = Path(root) / f"{rep}-{int(prewarm)}"
+                tmp.mkdir()
+                figures[prewarm].append(measure(tmp, prewarm))
+    print(f"load average: {os.getloadavg()}")
+    for prewarm, rows in figures.items():
+        acked, running = (statistics.median(col) for col in zip(*rows, strict=True))
+        print(f"prewarm={'on ' if prewarm else 'off'}  POST->200 median {acked:.2f} s  "
+              f"POST->new worker running median {running:.2f} s  (all: {[f'{r:.2f}' for _, r in rows]})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,545 @@
+"""The pod's long-lived agent: runs one attempt's workers at a time and switches attempts in place.
+
+Under the operator with `$RTJ_AGENT_PORT` (plus `$RTJ_PLAN_PUBLIC_KEY`, `$RTJ_POD_UID`, `$RTJ_JOB_UID`),
+`resilient_trainer.launch` does not run torchrun in its own process: it runs each attempt ("generation")
+as a child process group, `python -m resilient_trainer.agent`, which reads its environment and torchrun
+arguments on stdin and then runs torchrun exactly as the plain launcher does (same exit-status rules).
+The launcher stays, serves `POST /plan` (resilient_contract.plan: signed by the operator, for this job and
+pod) and `GET /healthz`, and on a newer plan stops the running generation the way the hang path does
+(SIGTERM, then SIGKILL after `$RTJ_AGENT_STOP_GRACE_SECONDS`), confirms every descendant is gone, clears
+the termination message and only then starts the next generation with the plan's environment. So a user's
+script never runs twice at once in one pod, and no worker of attempt N outlives the start of N+1.
+
+A generation that fails on its own (a worker that lost its peer node fails too) does not end the pod at
+once: the agent lingers `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that generation's status
+and termination message as the plain launcher would. Success exits 0; SIGTERM (pod deletion) is passed to
+the generation, which stops its workers as today, and the launcher exits with its status.
+
+Start-up off the critical path: the next generation's process is started early and parks, torch's
+launcher already imported, until a plan hands it its environment ($RTJ_AGENT_PREWARM=0 turns this off).
+
+Every process dies with its parent (prctl PDEATHSIG: the generation with the launcher, the workers with
+the generation, resilient_trainer.worker), and the launcher is a child subreaper, so a worker orphaned by
+its torchrun is still below it, where `launch.descendants` finds it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ctypes
+import functools
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from resilient_contract import completion, environment, plan, progress
+from resilient_trainer import launch
+from resilient_trainer.worker import LAUNCHER_PID_ENV, die_with_parent
+
+LINGER_ENV = "RTJ_AGENT_LINGER_SECONDS"  # after a failed generation, wait this long for a plan
+DEFAULT_LINGER_SECONDS = 30.0
+STOP_GRACE_ENV = "RTJ_AGENT_STOP_GRACE_SECONDS"  # SIGTERM, then SIGKILL after this
+DEFAULT_STOP_GRACE_SECONDS = 1.0
+PREWARM_ENV = "RTJ_AGENT_PREWARM"  # "0": no parked next generation (start-up on the critical path)
+CONFIRM_SECONDS = 10.0  # killed processes must be gone within this, or the plan is answered 500
+READ_TIMEOUT_SECONDS = 5.0  # every socket read of a request
+REQUEST_SECONDS = 10.0  # a whole request, however slowly its bytes trickle in
+MAX_CONNECTIONS = 16  # concurrent requests; more are closed unanswered
+READY_FD_ENV = "_RTJ_AGENT_READY_FD"  # the parked process writes b"1" here once torch is imported
+HEALTH_PATH = "/healthz"
+RUNNING, LINGERING, EXITING = "running", "lingering", "exiting"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True)
+class Config:
+    port: int
+    public_key: str
+    pod_uid: str
+    job_uid: str
+    linger: float = DEFAULT_LINGER_SECONDS
+    grace: float = DEFAULT_STOP_GRACE_SECONDS
+    prewarm: bool = True
+
+
+def config(environ: Mapping[str, str]) -> Config | None:
+    """The agent's settings, or None when the pod runs no agent (no port, or port 0): the plain launcher.
+    A port without the key, the pod's uid or the job's uid is a ContractError: the operator sets all four."""
+    raw = environ.get(plan.AGENT_PORT_ENV, "")
+    if raw in ("", "0"):
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise environment.ContractError(f"{plan.AGENT_PORT_ENV}={raw!r} is not a port")
+    missing = [n for n in (plan.PUBLIC_KEY_ENV, plan.POD_UID_ENV, environment.JOB_UID) if not environ.get(n)]
+    if missing:
+        raise environment.ContractError(f"{plan.AGENT_PORT_ENV} is set but {', '.join(missing)} is not")
+    return Config(port=int(raw), public_key=environ[plan.PUBLIC_KEY_ENV], pod_uid=environ[plan.POD_UID_ENV],
+                  job_uid=environ[environment.JOB_UID],
+                  linger=_seconds(environ, LINGER_ENV, DEFAULT_LINGER_SECONDS),
+                  grace=_seconds(environ, STOP_GRACE_ENV, DEFAULT_STOP_GRACE_SECONDS),
+                  prewarm=environ.get(PREWARM_ENV, "1") != "0")
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if 0 <= value < 86400 else default
+
+
+def plan_environ(base: Mapping[str, str], next_plan: plan.Plan) -> dict[str, str]:
+    """The pod's environment with the plan's variables over it (a fresh start has no resume variable)."""
+    env = {**base, **next_plan.environ()}
+    if not env.get(environment.RESUME_FROM):
+        env.pop(environment.RESUME_FROM, None)
+    return env
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (`Z` for a zombie), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass
+class Generation:
+    """One attempt's torchrun process (its own process group) and the watchdog over its ranks."""
+
+    attempt: int
+    proc: subprocess.Popen[bytes]
+    watchdog: launch.Watchdog
+    rank_dir: str
+    hung: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    def wait(self) -> int:
+        """Its exit status as the plain launcher's: HUNG after the watchdog, 128+N after signal N."""
+        code = self.proc.wait()
+        if self.hung:
+            return launch.HUNG_EXIT_CODE
+        return 128 - code if code < 0 else code
+
+
+class Agent:
+    """Runs generations one at a time; `offer` is the `POST /plan` logic, `run` the launcher's life."""
+
+    def __init__(self, cfg: Config, extra: Sequence[str], script: Sequence[str], base: Mapping[str, str],
+                 timeout: float | None, log: Callable[[str], None] | None = None) -> None:
+        self.cfg, self.extra, self.script, self.timeout = cfg, list(extra), list(script), timeout
+        self.base = dict(base)
+        self.log = log or (lambda line: print(f"rtj-agent: {line}", file=sys.stderr, flush=True))
+        self.cond = threading.Condition()
+        self.current: Generation | None = None
+        self.state = RUNNING
+        self.terminating = False
+        self.closed = False
+        self._parked: subprocess.Popen[bytes] | None = None
+        self.prewarmed = False  # a parked process is ready for the next plan
+        # PDEATHSIG follows the *thread* that forked: every child is started by this one long-lived thread,
+        # never by a request's thread (its exit would kill the generation it just started).
+        self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-spawn")
+
+    # -- generations ---------------------------------------------------------------------------------------
+    def _spawn(self, ready_fd: int | None = None) -> subprocess.Popen[bytes]:
+        env = {**self.base, LAUNCHER_PID_ENV: str(os.getpid())}
+        if ready_fd is not None:
+            env[READY_FD_ENV] = str(ready_fd)
+        cmd = [sys.executable, "-m", __name__]
+        return self._spawner.submit(subprocess.Popen, cmd, env=env, stdin=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=() if ready_fd is None else (ready_fd,)).result()
+
+    def _park(self) -> None:
+        """Start the next generation's process now, so a plan finds torch already imported."""
+        if not self.cfg.prewarm or self.closed or (self._parked is not None and self._parked.poll() is None):
+            return
+        self.prewarmed = False
+        read, write = os.pipe()
+        try:
+            self._parked = self._spawn(write)
+        except OSError as exc:
+            os.close(read)
+            self.log(f"cannot park the next generation: {exc}")
+            return
+        finally:
+            os.close(write)
+        threading.Thread(target=self._await_ready, args=(self._parked, read), daemon=True).start()
+
+    def _await_ready(self, parked: subprocess.Popen[bytes], read: int) -> None:
+        """`healthz` says `prewarmed` once the parked process has imported torch's launcher."""
+        try:
+            ready = os.read(read, 1) == b"1"
+        finally:
+            os.close(read)
+        if ready and self._parked is parked:
+            self.prewarmed = True
+
+    def _start(self, env: dict[str, str]) -> Generation:
+        """Hand `env` (the pod's environment for this attempt) to a parked or fresh generation process."""
+        worker_env = environment.WorkerEnv.from_environ(env)
+        rank_dir = tempfile.mkdtemp(prefix="rtj-progress-")
+        env = {**env, progress.RANK_DIR_ENV: rank_dir}
+        spec = json.dumps({"environ": env, "attempt": str(worker_env.attempt),
+                           "argv": launch.torchrun_args(worker_env, self.extra, self.script)}).encode() + b"\n"
+        proc, self._parked, self.prewarmed = self._parked, None, False
+        for _ in range(2):
+            if proc is None or proc.poll() is not None:
+                proc = self._spawn()
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(spec)
+                proc.stdin.close()
+                break
+            except OSError:  # the parked process died: start a fresh one
+                proc.kill()
+                proc = None
+        else:
+            raise OSError("no generation process took the plan")
+        assert proc is not None
+        gen = Generation(worker_env.attempt, proc, launch.Watchdog(worker_env, rank_dir, self.timeout), rank_dir)
+        gen.watchdog.on_hang = lambda: self._hung(gen)
+        gen.watchdog.start()
+        self.log(f"attempt {gen.attempt} started: node rank {worker_env.node_rank} of {worker_env.nnodes} "
+                 f"(pid {proc.pid})")
+        return gen
+
+    def _hung(self, gen: Generation) -> None:
+        """The watchdog declared a hang (and wrote RTJ_HUNG): kill the generation; `run` lingers."""
+        with self.cond:
+            if self.current is gen and gen.proc.poll() is None:
+                gen.hung = True
+                self._signal(gen, signal.SIGKILL)
+
+    def _others(self) -> set[int]:
+        parked = self._parked
+        return {parked.pid} if parked is not None else set()
+
+    def _signal(self, gen: Generation, sig: int) -> None:
+        """`sig` to the generation's group and to every process below the launcher but the parked one."""
+        with contextlib.suppress(OSError):
+            os.killpg(gen.proc.pid, sig)
+        for pid in set(launch.descendants(os.getpid())) - self._others():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def _live(self) -> list[int]:
+        """Processes below the launcher, other than the parked one, that are not yet gone. Zombies left to
+        us (orphans, as subreaper) are reaped; the generation's own exit status is left to its Popen."""
+        live, others = [], self._others()
+        for pid in launch.descendants(os.getpid()):
+            if pid in others:
+                continue
+            if _state(pid) == "Z":
+                if _ppid(pid) == os.getpid() and (self.current is None or pid != self.current.proc.pid):
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)
+                continue
+            live.append(pid)
+        return live
+
+    def _stop(self, gen: Generation) -> bool:
+        """Stop `gen` as the hang path does (SIGTERM, then SIGKILL after the grace) and confirm that nothing
+        below the launcher but the parked process is left. False if something outlived CONFIRM_SECONDS."""
+        gen.watchdog.stop()
+        if self._live():
+            self._signal(gen, signal.SIGTERM)
+            deadline = time.monotonic() + self.cfg.grace
+            while self._live() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        deadline = time.monotonic() + CONFIRM_SECONDS
+        while True:
+            left = self._live()
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                self.log(f"attempt {gen.attempt}: processes {left} outlived SIGKILL")
+                return False
+            self._signal(gen, signal.SIGKILL)
+            time.sleep(0.02)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            gen.proc.wait(CONFIRM_SECONDS)
+        shutil.rmtree(gen.rank_dir, ignore_errors=True)
+        return gen.proc.poll() is not None
+
+    # -- the plan ------------------------------------------------------------------------------------------
+    def offer(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """`POST /plan`: (HTTP status, JSON answer). 200 only once the old workers are gone and the new
+        generation was started."""
+        try:
+            new = plan.verify(body, self.cfg.public_key, self.cfg.job_uid, self.cfg.pod_uid)
+        except plan.NotForUs as exc:
+            return 403, {"error": str(exc)}
+        except plan.PlanError as exc:
+            return 400, {"error": str(exc)}
+        with self.cond:
+            gen = self.current
+            if self.closed or self.terminating or gen is None:
+                return 503, {"error": "the agent is exiting"}
+            if new.attempt < gen.attempt:
+                return 409, {"error": f"attempt {new.attempt} is older than the running {gen.attempt}"}
+            if new.attempt == gen.attempt:
+                return 200, {"attempt": gen.attempt, "state": plan.STARTED}
+            t0 = time.monotonic()
+            if not self._stop(gen):
+                return 500, {"error": f"the workers of attempt {gen.attempt} did not stop"}
+            stopped = time.monotonic() - t0
+            if self.terminating:
+                return 503, {"error": "the agent is exiting"}
+            launch.clear_termination_message(completion.termination_log_path(self.base))
+            try:
+                self.current = self._start(plan_environ(self.base, new))
+            except (OSError, environment.ContractError) as exc:
+                self.log(f"cannot start attempt {new.attempt}: {exc}")
+                return 500, {"error": f"cannot start attempt {new.attempt}"}
+            if self.terminating:  # SIGTERM came while we started it: pass it on
+                with contextlib.suppress(OSError):
+                    os.kill(self.current.proc.pid, signal.SIGTERM)
+            self.state = RUNNING
+            self.cond.notify_all()
+            self.log(f"plan: attempt {gen.attempt} -> {new.attempt} (old workers stopped in {stopped:.2f} s, "
+                     f"started in {time.monotonic() - t0 - stopped:.2f} s)")
+        self._park()
+        return 200, {"attempt": new.attempt, "state": plan.STARTED}
+
+    def health(self) -> dict[str, Any]:
+        gen = self.current
+        return {"attempt": gen.attempt if gen else None, "state": self.state, "prewarmed": self.prewarmed}
+
+    # -- the launcher's life -------------------------------------------------------------------------------
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        """SIGTERM/SIGINT: the generation stops its workers as torchrun does, then the launcher exits."""
+        self.terminating = True
+        gen = self.current
+        if gen is not None:
+            with contextlib.suppress(OSError):
+                os.kill(gen.proc.pid, signum)
+        threading.Thread(target=self._wake, daemon=True).start()  # a lingering `run` must not wait it out
+
+    def _wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def run(self) -> int:
+        """Start the injected attempt; exit as the plain launcher would, except that a failed or hung
+        generation first lingers for a plan."""
+        with self.cond:
+            self.current = self._start(dict(self.base))
+        self._park()
+        while True:
+            gen = self.current
+            assert gen is not None
+            code = gen.wait()
+            with self.cond:
+                if self.current is not gen:
+                    continue  # a plan replaced it
+                gen.watchdog.stop()
+                if code != 0 and not self.terminating and self.cfg.linger > 0:
+                    self.state = LINGERING
+                    self.log(f"attempt {gen.attempt} ended with {code}: waiting {self.cfg.linger:g} s for a plan")
+                    self.cond.wait_for(functools.partial(self._moved_on, gen), self.cfg.linger)
+                    if self.current is not gen:
+                        continue
+                self.state, self.closed = EXITING, True
+                return code
+
+    def _moved_on(self, gen: Generation) -> bool:
+        return self.current is not gen or self.terminating
+
+    def close(self) -> None:
+        """Nothing of ours outlives the launcher: the parked process, stray workers, the spawner thread."""
+        with self.cond:
+            self.closed = True
+            parked, self._parked = self._parked, None
+        if parked is not None:
+            parked.kill()
+            parked.wait()
+        for pid in launch.descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._spawner.shutdown(wait=False)
+
+
+class _Server(ThreadingHTTPServer):
+    """One thread per request, at most MAX_CONNECTIONS of them; more are closed unanswered."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], agent: Agent, family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self.agent = agent
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:  # dual stack: IPv4 clients too
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """`POST /plan` and `GET /healthz`. Every read times out, and a whole request is cut at REQUEST_SECONDS."""
+
+    server: _Server
+    timeout = READ_TIMEOUT_SECONDS
+    server_version = "rtj-agent"
+
+    def setup(self) -> None:
+        super().setup()
+        self._cut = threading.Timer(REQUEST_SECONDS, self._hang_up)
+        self._cut.daemon = True
+        self._cut.start()
+
+    def _hang_up(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._cut.cancel()
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def _answer(self, status: int, body: Mapping[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path != HEALTH_PATH:
+            self._answer(404, {"error": "not found"})
+            return
+        self._answer(200, self.server.agent.health())
+
+    def do_POST(self) -> None:
+        self.close_connection = True
+        if self.path != plan.PATH:
+            self._answer(404, {"error": "not found"})
+            return
+        raw = self.headers.get("Content-Length", "")
+        if not raw.isdigit():
+            self._answer(411, {"error": "a Content-Length is required"})
+            return
+        if int(raw) > plan.MAX_BODY_BYTES:  # refused unread
+            self._answer(400, {"error": f"plan: body over {plan.MAX_BODY_BYTES} bytes"})
+            return
+        body = self.rfile.read(int(raw))
+        if len(body) != int(raw):
+            self._answer(400, {"error": "plan: body shorter than its Content-Length"})
+            return
+        status, answer = self.server.agent.offer(body)
+        self.log_message("POST %s -> %d %s", self.path, status, json.dumps(answer))
+        self._answer(status, answer)
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Probes and refusals are not worth a log line each; `do_POST` logs what a plan did."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        print(f"rtj-agent: {self.address_string()} {format % args}", file=sys.stderr, flush=True)
+
+
+def serve(agent: Agent, port: int) -> _Server:
+    """Listen on every interface (IPv6 dual stack where the pod has it, else IPv4) in a daemon thread."""
+    try:
+        server = _Server(("::", port), agent, socket.AF_INET6)
+    except OSError:
+        server = _Server(("", port), agent, socket.AF_INET)
+    threading.Thread(target=server.serve_forever, name="rtj-agent-http", daemon=True).start()
+    return server
+
+
+def main(cfg: Config, extra: Sequence[str], script: Sequence[str], timeout: float | None) -> int:
+    """The launcher in agent mode (called by launch.main once the injected contract parsed)."""
+    if sys.platform.startswith("linux"):  # orphaned workers stay below us, where descendants() sees them
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    agent = Agent(cfg, extra, script, os.environ, timeout)
+    previous = {s: signal.signal(s, agent.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = None
+    try:
+        server = serve(agent, cfg.port)
+        agent.log(f"listening on port {cfg.port} for plans (pod {cfg.pod_uid})")
+        return agent.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        agent.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def generation_main() -> int:
+    """`python -m resilient_trainer.agent`: one generation. Dies with the launcher, imports torch's launcher
+    while parked, then takes its environment and torchrun arguments from one JSON line on stdin."""
+    parent = os.environ.get(LAUNCHER_PID_ENV)
+    die_with_parent(int(parent) if parent and parent.isdigit() else None)
+    # Imported while parked, so a plan does not wait for them (run_torchrun imports them again, for free).
+    for module in ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors"):
+        importlib.import_module(module)
+    ready = os.environ.pop(READY_FD_ENV, "")
+    if ready.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(ready), b"1")
+        with contextlib.suppress(OSError):
+            os.close(int(ready))
+
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0  # a parked process nobody needed
+    spec = json.loads(line)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(spec["environ"])
+    log_path = completion.termination_log_path()
+    return launch.run_torchrun(list(spec["argv"]), spec["attempt"], log_path)
+
+
+if __name__ == "__main__":
+    sys.exit(generation_main())
