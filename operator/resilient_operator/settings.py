@@ -294,4 +294,13 @@ def operator_config(env: Mapping[str, str]) -> OperatorConfig:
         bad_node_failures=int(env.get("RTJ_BAD_NODE_FAILURES", default.bad_node_failures)),
         bad_node_window_seconds=float(env.get("RTJ_BAD_NODE_WINDOW_SECONDS", default.bad_node_window_seconds)),
         bad_node_max_fraction=float(env.get("RTJ_BAD_NODE_MAX_FRACTION", default.bad_node_max_fraction)),
+        agent_port=_agent_port(env, default.agent_port),
     )
+
+
+def _agent_port(env: Mapping[str, str], default: int) -> int:
+    """RTJ_AGENT_PORT: where every worker pod's agent listens (the chart's planDelivery.agentPort)."""
+    port = _number(dict(env), "RTJ_AGENT_PORT", default, int)
+    if port > 65535:
+        raise SettingsError(f"RTJ_AGENT_PORT={port} is not a port")
+    return port

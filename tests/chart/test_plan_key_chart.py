@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from resilient_operator.settings import PLAN_KEY_SECRET, DeliverySettings
+from resilient_operator.settings import PLAN_KEY_SECRET, DeliverySettings, SettingsError, operator_config
 from tests.chart.test_chart import (
     CHART,
     FULLNAME,
@@ -72,7 +72,9 @@ def test_the_operator_reads_the_secret_the_role_names(helm: str, tmp_path: Path)
     env = env_of(docs)
     assert _plan_key_role(docs)["rules"][0]["resourceNames"] == ["team-signing"]
     assert DeliverySettings.from_environ(_plain(env)) == DeliverySettings("team-signing", "default", 3, 2.5)
-    assert env["RTJ_AGENT_PORT"] == "30000"
+    assert operator_config(_plain(env)).agent_port == 30000  # injected into every worker pod as RTJ_AGENT_PORT
+    with pytest.raises(SettingsError):
+        operator_config({"RTJ_AGENT_PORT": "70000"})
     assert DeliverySettings.from_environ({}).plan_key_secret == PLAN_KEY_SECRET  # outside the chart
 
 
