@@ -283,10 +283,11 @@ def test_a_script_never_runs_twice_at_once(launcher: Launcher, tmp_path: Path) -
         if attempt == 3:  # the SIGTERM-ignoring generation must be inside its loop, not still importing
             assert wait_for(lambda: len(events(tmp_path, "ready", attempt=2)) == 2, 90), run.tail()
         assert post(agent_port, signed("pod-a", attempt, port=free_port()))[0] == 200
-    assert run.wait(120) == [0], run.tail()
-    assert sorted(e["attempt"] for e in events(tmp_path, "start")) == [1, 1, 2, 2, 3, 3, 4, 4]
-    assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
+    assert wait_for(lambda: len(events(tmp_path, "start", attempt=4)) == 2, 90), run.tail()
     no_overlap(tmp_path)
+    assert sorted(e["attempt"] for e in events(tmp_path, "start")) == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert run.wait(120) == [0], run.tail()
+    assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
 
 
 def test_config_needs_all_four_variables() -> None:

@@ -420,7 +420,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """`POST /plan` and `GET /healthz`. Every read times out, and a whole request is cut at REQUEST_SECONDS."""
+    """`POST /plan` and `GET /healthz`. Every read times out, and reading a whole request is cut at
+    REQUEST_SECONDS."""
 
     server: _Server
     timeout = READ_TIMEOUT_SECONDS
@@ -472,6 +473,7 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) != int(raw):
             self._answer(400, {"error": "plan: body shorter than its Content-Length"})
             return
+        self._cut.cancel()  # read in time: the switch may take longer, and its answer is the acknowledgement
         status, answer = self.server.agent.offer(body)
         self.log_message("POST %s -> %d %s", self.path, status, json.dumps(answer))
         self._answer(status, answer)
