@@ -95,7 +95,7 @@ class _Sent:
 class Deliverer:
     """Send the core's deliveries from a bounded pool; see the module docstring."""
 
-    def __init__(self, kube: PodWriter, private_key: bytes, workers: int = 8, timeout: float = 5.0,
+    def __init__(self, kube: PodWriter, private_key: bytes, workers: int = 64, timeout: float = 5.0,
                  on_outcome: Callable[[Outcome], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._kube, self._key, self._timeout = kube, private_key, timeout

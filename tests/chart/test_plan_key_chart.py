@@ -64,9 +64,9 @@ def test_the_key_secret_is_readable_by_name_and_creatable_in_the_release_namespa
 def test_the_operator_reads_the_secret_the_role_names(helm: str, tmp_path: Path) -> None:  # noqa: F811
     env = env_of(render(helm, tmp_path))
     assert env["RTJ_PLAN_KEY_SECRET"] == PLAN_KEY
-    assert DeliverySettings.from_environ(_plain(env)) == DeliverySettings(PLAN_KEY, "default", 8, 5.0)
+    assert DeliverySettings.from_environ(_plain(env)) == DeliverySettings(PLAN_KEY, "default", 64, 5.0)
     assert (env["RTJ_DELIVERY_WORKERS"], env["RTJ_DELIVERY_TIMEOUT_SECONDS"], env["RTJ_AGENT_PORT"]) == (
-        "8", "5", "29401")
+        "64", "5", "29401")
     docs = render(helm, tmp_path, {"planDelivery": {"keySecret": "team-signing", "workers": 3,
                                                     "timeoutSeconds": 2.5, "agentPort": 30000}})
     env = env_of(docs)
