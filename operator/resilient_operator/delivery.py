@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import ipaddress
 import json
 import logging
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 
@@ -59,7 +60,7 @@ PATCH_FAILED = "patch_failed"  # acknowledged, but the relabel failed (API error
 ERROR = "error"  # a bug in this module (logged with its traceback)
 
 RESEND_SECONDS = 1.0
-MAX_ANSWER_BYTES = 4096
+MAX_ANSWER_BYTES = 16 * 1024  # status line, headers and body together: an agent's answer is ~200 bytes
 FORGET_SECONDS = 600.0  # how long a sent delivery is remembered (each (pod, attempt) is asked for briefly)
 
 Key = tuple[str, str, str, int]  # namespace, pod, pod uid, attempt
@@ -105,6 +106,7 @@ class Deliverer:
         self._sent: dict[Key, _Sent] = {}
         self._pruned = clock()
         self._watchdog = _Watchdog()
+        self._closed = False
 
     def submit(self, namespace: str, deliveries: Iterable[Delivery]) -> int:
         """Queue the deliveries not already queued, in flight, done, or tried within the last second; returns at
@@ -112,6 +114,8 @@ class Deliverer:
         now = self._clock()
         queued = 0
         with self._lock:
+            if self._closed:  # shutting down: the next leader's reconcile asks again
+                return 0
             self._prune(now)
             for d in deliveries:
                 key = (namespace, d.pod, d.plan.pod_uid, d.plan.attempt)
@@ -125,6 +129,8 @@ class Deliverer:
 
     def close(self) -> None:
         """Drop what is queued; what is in flight ends within its timeout."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._watchdog.stop()
 
@@ -186,9 +192,10 @@ class Deliverer:
         return ACKNOWLEDGED if relabelled else POD_GONE
 
     def _post(self, address: str, port: int, body: bytes) -> tuple[int | str, bytes]:
-        """(HTTP status, at most MAX_ANSWER_BYTES of the answer), or (a result, b"") when no answer came."""
+        """(HTTP status, the answer's body), or (a result, b"") when no answer came or it was over
+        MAX_ANSWER_BYTES."""
         deadline = time.monotonic() + self._timeout
-        conn = http.client.HTTPConnection(address, port, timeout=self._timeout)
+        conn = _Connection(address, port, timeout=self._timeout)
         alarm: _Alarm | None = None
         try:
             conn.connect()  # bounded by the socket timeout
@@ -206,6 +213,39 @@ class Deliverer:
             return (TIMEOUT if alarm is not None and alarm.fired else BAD_ANSWER), b""
         finally:
             conn.close()
+
+
+class _Budget(io.RawIOBase):
+    """The answer as a stream that ends after MAX_ANSWER_BYTES: http.client would otherwise read 100 header
+    lines of 64 KiB each from a hostile agent, per delivery in flight."""
+
+    def __init__(self, fp: Any) -> None:
+        super().__init__()
+        self.fp, self.left = fp, MAX_ANSWER_BYTES
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.left <= 0:
+            return 0  # an early end: http.client raises (IncompleteRead, RemoteDisconnected): BAD_ANSWER
+        n = int(self.fp.readinto1(memoryview(buffer)[: self.left]))
+        self.left -= n
+        return n
+
+    def close(self) -> None:
+        self.fp.close()  # the socket's own reader: closing it lets the socket close
+        super().close()
+
+
+class _Response(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = io.BufferedReader(_Budget(self.fp), 4096)
+
+
+class _Connection(http.client.HTTPConnection):
+    response_class = _Response
 
 
 def _started(answer: bytes, attempt: int) -> bool:

@@ -279,6 +279,48 @@ def test_a_200_that_does_not_say_the_attempt_started_relabels_nothing() -> None:
     assert writer.patches == []
 
 
+def answering(raw: bytes) -> http.server.ThreadingHTTPServer:
+    """An agent that answers every POST with these bytes, then closes."""
+
+    class Fixed(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            with contextlib.suppress(OSError):
+                self.wfile.write(raw)
+            self.close_connection = True
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fixed)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(("headers", "result"), [(0, delivery.ACKNOWLEDGED), (90, delivery.BAD_ANSWER)])
+def test_an_answer_over_16_kib_is_not_read(headers: int, result: str) -> None:
+    """90 headers of 600 bytes are legal HTTP (http.client takes 100 of 64 KiB each), but no agent's answer:
+    the operator reads 16 KiB of it at most, per delivery in flight."""
+    body = b'{"attempt": 3, "state": "started"}'
+    raw = (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 600) for i in range(headers))
+           + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    server = answering(raw)
+    writer, outcomes = Writer(), Outcomes()
+    try:
+        with deliverer(writer, outcomes) as d:
+            d.submit("ml", [a_delivery(int(server.server_address[1]))])
+            assert outcomes.wait(1)[0].result == result
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_submit_after_close_sends_nothing(agent: Agent) -> None:
+    d = Deliverer(Writer(), KEY)
+    d.close()
+    assert d.submit("ml", [a_delivery(agent.port)]) == 0
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
