@@ -187,14 +187,17 @@ def test_survivor_switches_to_a_smaller_world(launcher: Launcher, tmp_path: Path
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 def test_two_survivors_swap_ranks(launcher: Launcher, tmp_path: Path) -> None:
-    """2 -> 2 with the node ranks swapped and a new rendezvous: both pods switch in place and finish."""
-    port1, port2 = free_port(), free_port()
+    """2 -> 2 with the node ranks swapped, on the same rendezvous port (the store's old socket must not be in
+    the way): both pods switch in place and finish."""
+    port1 = port2 = free_port()
     modes = {"AGENT_TEST_MODE_1": "wait"}
     pods = {name: start_pod(launcher, tmp_path, name, port=port1, nnodes=2, node_rank=rank, **modes)
             for rank, name in enumerate(("pod-a", "pod-b"))}
     assert wait_for(lambda: len(events(tmp_path, "ready", attempt=1)) == 2, 120), pods["pod-a"][0].tail()
-    for new_rank, (name, (_, port)) in enumerate(reversed(pods.items())):
-        assert post(port, signed(name, 2, port=port2, nnodes=2, node_rank=new_rank))[0] == 200
+    # pod-a (the old store's host) first: on one loopback address pod-b could not listen on the port before
+    # pod-a's old store is gone (pods have their own addresses in a cluster)
+    for name, new_rank in (("pod-a", 1), ("pod-b", 0)):
+        assert post(pods[name][1], signed(name, 2, port=port2, nnodes=2, node_rank=new_rank))[0] == 200
     for run, _ in pods.values():
         assert run.wait(120) == [0], run.tail()
     ranks = {e["pod"]: (e["rank"], e["world_size"]) for e in events(tmp_path, "start", attempt=2)}

@@ -269,7 +269,9 @@ class Agent:
         if self._live():
             self._signal(gen, signal.SIGTERM)
             deadline = time.monotonic() + self.cfg.grace
-            while self._live() and time.monotonic() < deadline:
+            # The grace is the workers' (a SIGTERM handler may save); torchrun's own orderly exit takes ~0.5 s
+            # and is of no use here, so once the workers are gone it is killed with the rest.
+            while set(self._live()) - {gen.proc.pid} and time.monotonic() < deadline:
                 time.sleep(0.02)
         deadline = time.monotonic() + CONFIRM_SECONDS
         while True:
