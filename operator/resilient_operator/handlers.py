@@ -115,7 +115,7 @@ async def _load_plan_key(state: State) -> None:
     assert state.kube is not None
     ds = state.settings.delivery
     try:
-        key = await asyncio.to_thread(plankey.load_or_create, state.kube.core, ds.namespace, ds.plan_key_secret)
+        key = await asyncio.to_thread(plankey.load, state.kube.core, ds.namespace, ds.plan_key_secret)
     except Exception as exc:  # RBAC, a malformed Secret: run on, recreating, and say why
         log.warning("no plan signing key (%s/%s: %s): restartStrategy InPlace jobs recreate their pods on every "
                     "restart", ds.namespace, ds.plan_key_secret, exc)
@@ -148,6 +148,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
     if state.elector is not None:  # released: a standby takes over within a retry period
         state.elector.stop(release=True)
     discovery.shutdown()
+    if state.deliverer is not None:
+        state.deliverer.close()
     if state.cache is not None:
         state.cache.stop()
 
