@@ -505,8 +505,11 @@ def main(cfg: Config, extra: Sequence[str], script: Sequence[str], timeout: floa
     previous = {s: signal.signal(s, agent.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     server = None
     try:
-        server = serve(agent, cfg.port)
-        agent.log(f"listening on port {cfg.port} for plans (pod {cfg.pod_uid})")
+        try:
+            server = serve(agent, cfg.port)
+            agent.log(f"listening on port {cfg.port} for plans (pod {cfg.pod_uid})")
+        except OSError as exc:  # the training matters more: unacknowledged plans make the operator recreate
+            agent.log(f"cannot listen on port {cfg.port} ({exc}): running without plans")
         return agent.run()
     finally:
         if server is not None:
