@@ -248,14 +248,19 @@ def test_foreign_stale_and_malformed_plans_are_refused(launcher: Launcher, tmp_p
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(180)
-def test_a_failed_generation_lingers_then_exits_with_its_status(launcher: Launcher, tmp_path: Path) -> None:
-    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="fail",
-                                **{agent.LINGER_ENV: "2"})
+@pytest.mark.parametrize(("mode", "code", "message"), [("fail", 1, None), ("hang", 124, completion.HUNG)])
+def test_a_failed_generation_lingers_then_exits_with_its_status(launcher: Launcher, tmp_path: Path, mode: str,
+                                                                code: int, message: str | None) -> None:
+    """No plan within the linger: the plain launcher's exit status and termination message, only later."""
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1=mode,
+                                **{agent.LINGER_ENV: "2", progress.TIMEOUT_ENV: "1"})
     assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING
                     or run.ranks[0].poll() is not None, 90), run.tail()
     lingering = time.monotonic()
-    assert run.wait(60) == [1], run.tail()  # the plain launcher's status for a failed worker
+    assert run.wait(60) == [code], run.tail()
     assert time.monotonic() - lingering > 1
+    outcome = completion.read_termination_message(str(tmp_path / "termination-log-pod-a"))
+    assert (outcome.kind if outcome else None) == message
 
 
 @pytest.mark.multiproc
