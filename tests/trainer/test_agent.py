@@ -62,7 +62,9 @@ record("start", time=t0, rank=os.environ["RANK"], world_size=os.environ["WORLD_S
        resume_from=os.environ.get("RTJ_RESUME_FROM"), overlap=overlap)
 mode = os.environ.get(f"AGENT_TEST_MODE_{attempt}", "finish")
 if mode == "fail":
-    sys.exit(3)
+    sys.exit(3)  # the script's own error
+if mode == "peer":  # what gloo raises when a peer's node is gone (test_worker_peer shows the real one)
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.9]:4567")
 if mode == "hang":
     time.sleep(3600)
 
@@ -84,6 +86,9 @@ record("ready", total=int(total.item()), time=time.time())
 if mode == "wait":
     while True:
         time.sleep(1)
+while mode == "loop":  # training: collectives until a peer goes away
+    dist.all_reduce(torch.ones(1))
+    time.sleep(0.05)
 dist.destroy_process_group()
 record("done", total=int(total.item()))
 '''
@@ -162,10 +167,11 @@ def no_overlap(tmp: Path) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 def test_survivor_switches_to_a_smaller_world(launcher: Launcher, tmp_path: Path) -> None:
-    """2 pods -> one is killed -> a plan for attempt 2 (world 1) makes the survivor stop its old workers and run
-    new ones that see the plan's environment and finish; its launcher exits 0."""
+    """2 pods in a loop of collectives -> one is killed -> the survivor's worker fails on the lost peer and its
+    agent lingers; a plan for attempt 2 (world 1) runs new workers that see the plan's environment and finish;
+    the launcher exits 0."""
     port1, port2 = free_port(), free_port()
-    modes = {"AGENT_TEST_MODE_1": "wait"}
+    modes = {"AGENT_TEST_MODE_1": "loop"}
     a, a_port = start_pod(launcher, tmp_path, "pod-a", port=port1, nnodes=2, node_rank=0, **modes)
     b, _ = start_pod(launcher, tmp_path, "pod-b", port=port1, nnodes=2, node_rank=1, **modes)
     assert wait_for(lambda: len(events(tmp_path, "ready", attempt=1)) == 2, 120), a.tail() + b.tail()
@@ -174,11 +180,12 @@ def test_survivor_switches_to_a_smaller_world(launcher: Launcher, tmp_path: Path
     b.kill(signal.SIGKILL)  # the lost node: its launcher's process group (each generation has its own)
     b_worker = events(tmp_path, "start", pod="pod-b")[0]["pid"]
     assert wait_for(lambda: not alive(b_worker), 10), "a worker outlived its agent"
+    assert wait_for(lambda: (health(a_port) or {}).get("state") == agent.LINGERING, 90), a.tail()
 
     resume = str(tmp_path / "ckpt" / "step-0000000005")
     assert post(a_port, signed("pod-a", 2, port=port2, resume_from=resume)) == (200, {"attempt": 2,
                                                                                       "state": "started"})
-    assert not alive(old)  # confirmed gone before the answer
+    assert not alive(old)
     assert a.wait(120) == [0], a.tail()
     (start,) = events(tmp_path, "start", attempt=2)
     assert (start["pod"], start["rank"], start["world_size"], start["resume_from"]) == ("pod-a", "0", "1", resume)
@@ -248,9 +255,9 @@ def test_foreign_stale_and_malformed_plans_are_refused(launcher: Launcher, tmp_p
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("mode", "code", "message"), [("fail", 1, None), ("hang", 124, completion.HUNG)])
-def test_a_failed_generation_lingers_then_exits_with_its_status(launcher: Launcher, tmp_path: Path, mode: str,
-                                                                code: int, message: str | None) -> None:
+@pytest.mark.parametrize(("mode", "code", "message"), [("peer", 1, None), ("hang", 124, completion.HUNG)])
+def test_a_lost_peer_or_a_hang_lingers_then_exits_with_its_status(launcher: Launcher, tmp_path: Path, mode: str,
+                                                                  code: int, message: str | None) -> None:
     """No plan within the linger: the plain launcher's exit status and termination message, only later."""
     run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1=mode,
                                 **{agent.LINGER_ENV: "2", progress.TIMEOUT_ENV: "1"})
@@ -261,6 +268,16 @@ def test_a_failed_generation_lingers_then_exits_with_its_status(launcher: Launch
     assert time.monotonic() - lingering > 1
     outcome = completion.read_termination_message(str(tmp_path / "termination-log-pod-a"))
     assert (outcome.kind if outcome else None) == message
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_a_script_error_ends_the_pod_at_once(launcher: Launcher, tmp_path: Path) -> None:
+    """The script's own failure is not a lost peer: no linger, the plain launcher's status at once."""
+    run, _ = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="fail",
+                       **{agent.LINGER_ENV: "120"})
+    assert run.wait(60) == [1], run.tail()
+    assert "waiting" not in run.output()
 
 
 @pytest.mark.multiproc

@@ -10,10 +10,12 @@ pod) and `GET /healthz`, and on a newer plan stops the running generation the wa
 the termination message and only then starts the next generation with the plan's environment. So a user's
 script never runs twice at once in one pod, and no worker of attempt N outlives the start of N+1.
 
-A generation that fails on its own (a worker that lost its peer node fails too) does not end the pod at
-once: the agent lingers `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that generation's status
-and termination message as the plain launcher would. Success exits 0; SIGTERM (pod deletion) is passed to
-the generation, which stops its workers as today, and the launcher exits with its status.
+A generation that hung (the watchdog), or whose worker failed because a peer went away (it left
+resilient_trainer.worker's peer-lost marker), does not end the pod at once: that pod is one the operator
+wants to keep, so the agent lingers `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that
+generation's status and termination message as the plain launcher would. Any other failure (the script's
+own error) and success exit at once, as before; SIGTERM (pod deletion) is passed to the generation, which
+stops its workers as today, and the launcher exits with its status.
 
 Start-up off the critical path: the next generation's process is started early and parks, torch's
 launcher already imported, until a plan hands it its environment ($RTJ_AGENT_PREWARM=0 turns this off).
@@ -47,9 +49,9 @@ from typing import Any
 
 from resilient_contract import completion, environment, plan, progress
 from resilient_trainer import launch
-from resilient_trainer.worker import LAUNCHER_PID_ENV, die_with_parent
+from resilient_trainer.worker import LAUNCHER_PID_ENV, PEER_LOST_PREFIX, die_with_parent
 
-LINGER_ENV = "RTJ_AGENT_LINGER_SECONDS"  # after a failed generation, wait this long for a plan
+LINGER_ENV = plan.LINGER_ENV  # after a hung generation or a lost peer, wait this long for a plan
 DEFAULT_LINGER_SECONDS = 30.0
 STOP_GRACE_ENV = "RTJ_AGENT_STOP_GRACE_SECONDS"  # SIGTERM, then SIGKILL after this
 DEFAULT_STOP_GRACE_SECONDS = 1.0
@@ -137,6 +139,14 @@ class Generation:
     rank_dir: str
     hung: bool = False
     started_at: float = field(default_factory=time.time)
+
+    def lost_a_peer(self) -> bool:
+        """A worker failed because a peer went away (resilient_trainer.worker left its marker): this pod can
+        carry on in the next attempt. A script's own error leaves none, and ends the pod at once."""
+        try:
+            return any(name.startswith(PEER_LOST_PREFIX) for name in os.listdir(self.rank_dir))
+        except OSError:
+            return False
 
     def wait(self) -> int:
         """Its exit status as the plain launcher's: HUNG after the watchdog, 128+N after signal N."""
@@ -360,9 +370,10 @@ class Agent:
                 if self.current is not gen:
                     continue  # a plan replaced it
                 gen.watchdog.stop()
-                if code != 0 and not self.terminating and self.cfg.linger > 0:
+                if code != 0 and not self.terminating and self.cfg.linger > 0 and (gen.hung or gen.lost_a_peer()):
                     self.state = LINGERING
-                    self.log(f"attempt {gen.attempt} ended with {code}: waiting {self.cfg.linger:g} s for a plan")
+                    why = "hung" if gen.hung else "lost a peer"
+                    self.log(f"attempt {gen.attempt} {why} (exit {code}): waiting {self.cfg.linger:g} s for a plan")
                     self.cond.wait_for(functools.partial(self._moved_on, gen), self.cfg.linger)
                     if self.current is not gen:
                         continue
@@ -383,6 +394,8 @@ class Agent:
         for pid in launch.descendants(os.getpid()):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        if self.current is not None:
+            shutil.rmtree(self.current.rank_dir, ignore_errors=True)
         self._spawner.shutdown(wait=False)
 
 
