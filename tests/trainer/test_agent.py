@@ -317,6 +317,21 @@ def test_a_script_never_runs_twice_at_once(launcher: Launcher, tmp_path: Path) -
     assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
 
 
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_a_taken_port_leaves_the_training_running(launcher: Launcher, tmp_path: Path) -> None:
+    """No plans can come (the operator will recreate instead), but the training is not the agent's to end."""
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        script = tmp_path / "script.py"
+        script.write_text(SCRIPT)
+        env = pod_env(tmp_path, "pod-a", port=free_port(), agent_port=taken.getsockname()[1])
+        run = start_process(launcher, [*LAUNCH, str(script)], env, "pod-a")
+        assert run.wait(90) == [0], run.tail()
+    assert "cannot listen" in run.output() and [e["attempt"] for e in events(tmp_path, "done")] == [1]
+
+
 def test_config_needs_all_four_variables() -> None:
     assert agent.config({}) is None and agent.config({plan.AGENT_PORT_ENV: "0"}) is None
     full = {plan.AGENT_PORT_ENV: "29401", plan.PUBLIC_KEY_ENV: "k", plan.POD_UID_ENV: "p", environment.JOB_UID: "j",
