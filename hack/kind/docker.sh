@@ -2,7 +2,8 @@
 # A Docker engine (Debian's docker.io) that lives in a network namespace of its own, for kind:
 # its bridges, iptables rules and ip_forward are the namespace's, never the host's; its data root, exec
 # root and socket sit under the cache; its mounts stay in a private mount namespace; its containers'
-# cgroups sit under /rtj-docker. Clients on the host reach it through the socket (a path, not an address);
+# cgroups sit under /rtj-docker. Its runtime is runc through runc-bounded (see there: privileged containers
+# under a bounding set that lacks a capability). Clients on the host reach it through the socket (a path, not an address);
 # anything that must reach a container's address (kubectl against kind's API server) runs in the netns.
 #
 #   hack/kind/docker.sh start    start the engine (idempotent); prints `export DOCKER_HOST=...`
@@ -10,6 +11,7 @@
 #   hack/kind/docker.sh env      print the exports (DOCKER_HOST, RTJ_DOCKER_NETNS)
 #   hack/kind/docker.sh exec CMD run CMD inside the netns with DOCKER_HOST set
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${RTJ_CACHE:-$HOME/.cache/resilient-training}"
 NETNS="${RTJ_DOCKER_NETNS:-rtj-docker}"
 ROOT="${RTJ_DOCKER_ROOT:-$CACHE/docker}"
@@ -31,6 +33,7 @@ start() {
   setsid unshare --mount --propagation slave nsenter --net="/run/netns/$NETNS" \
     dockerd --data-root "$ROOT/data" --exec-root "$RUN/exec" --pidfile "$PIDFILE" -H "unix://$SOCK" \
       --cgroup-parent /rtj-docker --storage-driver overlay2 --log-level warn --userland-proxy=false \
+      --add-runtime "rtj-runc=$HERE/runc-bounded" --default-runtime rtj-runc \
       >"$RUN/dockerd.log" 2>&1 </dev/null &
   for _ in $(seq 1 120); do
     if docker version >/dev/null 2>&1; then env_lines; return; fi
