@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 SCALE_ARGS ?= --nodes 100 --jobs 100 --workers 8 --kill 10
 
-.PHONY: demo help venv binaries lint test test-unit test-cluster chart bench bench-scale clean
+.PHONY: demo help venv binaries lint test test-unit test-cluster test-kind chart bench bench-scale clean
 
 # The demo builds only what its substrate needs: the control plane (and helm) here, beside the venv's install
 # (CPU-bound Go build next to a network-bound pip download); e2e.demo builds what --real-nodes adds itself.
@@ -49,6 +49,9 @@ test-cluster: venv binaries ## The tests against the local Kubernetes control pl
 
 test: venv binaries lint ## Everything CI runs: lint, then every test: the cluster lane and the unit lane side by side
 	bash hack/test_lanes.sh $(PY) $(PYTEST_ARGS)
+
+test-kind: venv binaries ## The node-loss scenario on kind: dockerd (docker.io) in a netns, a node image from our binaries (root)
+	$(PY) -m pytest e2e/tests/test_kind_lane.py -p no:cacheprovider $(PYTEST_ARGS)
 
 chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)
 	$(PY) -m pytest tests/chart $(PYTEST_ARGS)

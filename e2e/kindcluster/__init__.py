@@ -8,7 +8,12 @@ controller-manager flags through a kubeadm patch, project images built and `kind
 Differences from the local substrate, by construction: nodes exist from the start (`add_node` claims
 a spare worker and labels it), their CPU/memory are the host's, and GPUs are advertised by patching
 the node's status capacity with `nvidia.com/gpu` (as the device-plugin docs show for extended resources).
-This path cannot run on the development machine (no Docker engine); CI runs it in .github/workflows/e2e-kind.yml.
+
+Two ways to run: with a machine's own Docker and a registry (a laptop, .github/workflows/e2e-kind.yml: the
+stock kindest/node, images from `docker build`), or with `engine=LocalEngine.start()` (RTJ_KIND_ENGINE=netns,
+or automatically when no Docker engine answers): Debian's dockerd in a netns of its own, the node image built
+from our binaries, the images our Dockerfiles give through buildah (e2e/images.py) loaded with
+`kind load image-archive`, and the API reached through a relay on the host's loopback (e2e/kindcluster/engine.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import ClusterTools
+from e2e.kindcluster.engine import LocalEngine
+from e2e.kindcluster.relay import NetnsRelay
 
 KIND_VERSION = "v0.30.0"
 NODE_IMAGE = os.environ.get("RTJ_KIND_NODE_IMAGE", "kindest/node:v1.34.0")
@@ -50,7 +57,8 @@ def default_runner(argv: Sequence[str], *, input: str | None = None, timeout: fl
 
 
 def kind_config(workers: int, shared_root: Path, node_monitor_grace_period: str = "8s",
-                node_monitor_period: str = "1s", shared_paths: Sequence[str] = SHARED_PATHS) -> dict[str, Any]:
+                node_monitor_period: str = "1s", shared_paths: Sequence[str] = SHARED_PATHS,
+                node_image: str = NODE_IMAGE) -> dict[str, Any]:
     """The kind Cluster config: one control plane, `workers` workers, shared mounts on every node."""
     mounts = [{"hostPath": str(shared_root / p.lstrip("/")), "containerPath": p} for p in shared_paths]
     # kind renders kubeadm v1beta3 for Kubernetes < 1.36, where extraArgs is a map.
@@ -61,8 +69,8 @@ def kind_config(workers: int, shared_root: Path, node_monitor_grace_period: str 
         f'    node-monitor-grace-period: "{node_monitor_grace_period}"\n'
         f'    node-monitor-period: "{node_monitor_period}"\n'
     )
-    nodes = [{"role": "control-plane", "image": NODE_IMAGE, "extraMounts": mounts}]
-    nodes += [{"role": "worker", "image": NODE_IMAGE, "extraMounts": mounts} for _ in range(workers)]
+    nodes = [{"role": "control-plane", "image": node_image, "extraMounts": mounts}]
+    nodes += [{"role": "worker", "image": node_image, "extraMounts": mounts} for _ in range(workers)]
     return {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": nodes,
             "kubeadmConfigPatches": [patch]}
 
@@ -85,6 +93,10 @@ class KindCluster(ClusterTools):
     runner: Runner = default_runner
     claimed: dict[str, str] = field(default_factory=dict)  # requested name -> kind node name
     paused: set[str] = field(default_factory=set)  # requested names killed (docker pause) and not restored
+    engine: LocalEngine | None = None  # the netns engine this cluster runs on, stopped with it
+    relay: NetnsRelay | None = None
+    kill_mode: str = "pause"  # "pause": a frozen machine; "kill": a dead one (docker kill, restored by start)
+    images: dict[str, str] = field(default_factory=dict)  # image name (e2e/images.py) -> the ref pods request
 
     @classmethod
     def create_commands(cls, name: str, config_path: Path, kubeconfig: Path) -> list[list[str]]:
@@ -99,8 +111,21 @@ class KindCluster(ClusterTools):
     @classmethod
     def start(cls, name: str = "rtj", *, node_monitor_grace_period: str = "8s", workers: int | None = None,
               base_dir: Path | str | None = None, runner: Runner = default_runner,
-              build_images: bool = True, **_ignored: Any) -> KindCluster:
-        """Create the kind cluster, build and load the project images. Extra local-only options are ignored."""
+              build_images: bool = True, engine: LocalEngine | None = None,
+              image_names: Sequence[str] = ("operator", "trainer-cpu"), **_ignored: Any) -> KindCluster:
+        """Create the kind cluster, build and load the project images. Extra local-only options are ignored.
+
+        Without Docker of its own (or with RTJ_KIND_ENGINE=netns) the cluster runs on a LocalEngine it
+        starts and stops; `image_names` are then the e2e/images.py images loaded into every node."""
+        if engine is None and runner is default_runner and _wants_local_engine():
+            engine = LocalEngine.start()
+        if engine is not None:
+            try:
+                return cls._start_local(name, engine, node_monitor_grace_period, workers, base_dir,
+                                        image_names if build_images else ())
+            except BaseException:
+                engine.stop()
+                raise
         workers = workers or int(os.environ.get("RTJ_KIND_WORKERS", "3"))
         kind_name = f"{name}-{secrets.token_hex(2)}"
         base = Path(base_dir or tempfile.gettempdir()) / "rtj-kind"
@@ -122,6 +147,43 @@ class KindCluster(ClusterTools):
             raise
         return cluster
 
+    @classmethod
+    def _start_local(cls, name: str, engine: LocalEngine, grace: str, workers: int | None,
+                     base_dir: Path | str | None, image_names: Sequence[str]) -> KindCluster:
+        """kind on the netns engine with the locally built node image; images from e2e/images.py."""
+        from e2e import images as project_images
+
+        workers = workers or int(os.environ.get("RTJ_KIND_WORKERS", "3"))
+        env = engine.env()
+
+        def runner(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+            kw.setdefault("env", env)
+            return default_runner(engine.in_netns(list(argv)) if argv[0] == "kind" else argv, **kw)
+
+        node_image = engine.node_image()
+        refs = project_images.ensure_images(list(image_names)) if image_names else {}
+        kind_name = f"{name}-{secrets.token_hex(2)}"
+        cdir = Path(base_dir or tempfile.gettempdir()) / "rtj-kind" / kind_name
+        for p in SHARED_PATHS:
+            (cdir / "hostpath" / p.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        config_path = cdir / "kind.json"
+        config_path.write_text(json.dumps(kind_config(workers, cdir / "hostpath", grace, node_image=node_image),
+                                          indent=2))
+        cluster = cls(kind_name, cdir, cdir / "kubeconfig", grace, worker_container_names(kind_name, workers),
+                      runner, engine=engine, kill_mode=os.environ.get("RTJ_KIND_KILL", "pause"),
+                      images={n: r.ref for n, r in refs.items()})
+        try:
+            inner = cdir / "kind-kubeconfig"
+            runner(["kind", "create", "cluster", "--name", kind_name, "--config", str(config_path),
+                    "--kubeconfig", str(inner), "--wait", "180s"], timeout=1200)
+            cluster.relay = relay_kubeconfig(inner, cluster.kubeconfig, engine.netns_path)
+            for ref in refs.values():  # every node, concurrently (kind's own fan-out)
+                runner(["kind", "load", "image-archive", str(ref.archive), "--name", kind_name], timeout=1800)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
     # ------------------------------------------------------------ nodes
     def node_name(self, name: str) -> str:
         """The kind node standing for a requested node name."""
@@ -138,17 +200,19 @@ class KindCluster(ClusterTools):
         pairs = [f"{k}={v}" for k, v in {**(labels or {}), "rtj.local/name": name}.items()]
         self.kubectl("label", "node", node, "--overwrite", *pairs)
         if gpus:
-            patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(gpus)}]
+            patch = [{"op": "add", "path": f"/status/{field}/nvidia.com~1gpu", "value": str(gpus)}
+                     for field in ("capacity", "allocatable")]
             self.kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(patch))
         return node
 
     def kill_command(self, name: str) -> list[str]:
-        """Freeze the node's container: kubelet, containerd and pods stop, nothing is cleaned up."""
-        return ["docker", "pause", self.node_name(name)]
+        """Freeze the node's container (kubelet, containerd and pods stop, nothing is cleaned up), or with
+        kill_mode "kill" end it (SIGKILL to its systemd: every process on the machine gone at once)."""
+        return ["docker", "kill" if self.kill_mode == "kill" else "pause", self.node_name(name)]
 
     def restore_command(self, name: str) -> list[str]:
-        """Thaw the node; its kubelet resumes and reconciles with the API."""
-        return ["docker", "unpause", self.node_name(name)]
+        """Thaw the node (its kubelet resumes and reconciles with the API), or boot a killed one again."""
+        return ["docker", "start" if self.kill_mode == "kill" else "unpause", self.node_name(name)]
 
     def kill_node(self, name: str) -> None:
         """See kill_command."""
@@ -199,7 +263,38 @@ class KindCluster(ClusterTools):
         return self.kubectl(*args, check=False).stdout
 
     def stop(self, *, remove: bool = False) -> None:
-        """Delete the kind cluster; keep the directory unless `remove`."""
+        """Delete the kind cluster (and the netns engine it runs on); keep the directory unless `remove`."""
         self.runner(["kind", "delete", "cluster", "--name", self.name], check=False, timeout=300)
+        if self.relay is not None:
+            self.relay.close()
+        if self.engine is not None:
+            self.engine.stop()
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _wants_local_engine() -> bool:
+    """RTJ_KIND_ENGINE=netns asks for the netns engine, =host for the machine's Docker; unset: the netns
+    engine when no Docker engine answers (no socket, no daemon)."""
+    mode = os.environ.get("RTJ_KIND_ENGINE", "auto")
+    if mode != "auto":
+        return mode == "netns"
+    if shutil.which("docker") is None:
+        return True
+    probe = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                           text=True, timeout=30, check=False)
+    return probe.returncode != 0
+
+
+def relay_kubeconfig(inner: Path, outer: Path, netns: Path) -> NetnsRelay:
+    """Write `outer`: kind's kubeconfig `inner` with its server moved to a host-side relay into `netns`."""
+    import yaml
+
+    config = yaml.safe_load(inner.read_text())
+    server = config["clusters"][0]["cluster"]["server"]  # https://127.0.0.1:<port>, published in the netns
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    relay = NetnsRelay(netns, (host, int(port)))
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
+    outer.write_text(yaml.safe_dump(config))
+    outer.chmod(0o600)
+    return relay

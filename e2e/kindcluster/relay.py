@@ -1,0 +1,92 @@
+"""A TCP relay from the host's loopback into a network namespace: the kind API server's published port lives
+in the engine's netns (hack/kind/docker.sh), and kubectl, helm and the Python client reach it through this.
+
+A listener on 127.0.0.1:<free port> in the host's netns; for each connection a thread that has entered the
+target netns (setns(2) switches only the calling thread) opens the upstream socket, which stays in that
+netns after the thread is gone; two pump threads copy bytes both ways (TLS passes through untouched, and
+kind's API certificate names 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import threading
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+
+
+def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10) -> socket.socket:
+    """A TCP connection to `address` made from inside `netns`."""
+    result: list[socket.socket | BaseException] = []
+
+    def enter_and_connect() -> None:
+        try:
+            fd = os.open(netns, os.O_RDONLY)
+            try:
+                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {netns}")
+            finally:
+                os.close(fd)
+            result.append(socket.create_connection(address, timeout=timeout))
+        except BaseException as exc:  # handed to the caller's thread
+            result.append(exc)
+
+    worker = threading.Thread(target=enter_and_connect, daemon=True)
+    worker.start()
+    worker.join()
+    got = result[0]
+    if isinstance(got, BaseException):
+        raise got
+    got.settimeout(None)
+    return got
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+class NetnsRelay:
+    """127.0.0.1:`port` on the host, relayed to `target` inside `netns` (closed by `close`)."""
+
+    def __init__(self, netns: Path, target: tuple[str, int]) -> None:
+        self.netns, self.target = netns, target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._serve, daemon=True, name=f"relay:{self.port}").start()
+
+    def _serve(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            upstream = connect_in_netns(self.netns, self.target)
+        except OSError:
+            conn.close()
+            return
+        back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
+        back.start()
+        _pump(conn, upstream)
+        back.join()
+        conn.close()
+        upstream.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
