@@ -161,7 +161,9 @@ def kill_and_time(cluster: ClusterLike, namespace: str, name: str, node: str, ti
         if tl.running == tl.running:
             rank0 = next(p.metadata.name for p in new if p.metadata.labels[c.LABEL_RANK] == "0")
             log = trainer_log(cluster, namespace, rank0)
-            match = next(reversed(list(resumed.finditer(log))), None)  # a kept pod's log holds earlier attempts
+            # A kept pod's log holds the earlier attempts too: read from its agent's start of this one.
+            log = log[max(0, log.rfind(f"rtj-agent: attempt {tl.attempt} started")):]
+            match = resumed.search(log)
             if match and tl.loaded != tl.loaded:
                 tl.loaded, tl.resumed_step = now, int(match.group(2))
             if match and re.search(rf"^RTJ_STEP step=(?!{match.group(2)}\b)\d+", log[match.end():], re.M):
