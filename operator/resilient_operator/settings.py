@@ -298,6 +298,7 @@ def operator_config(env: Mapping[str, str]) -> OperatorConfig:
         bad_node_window_seconds=float(env.get("RTJ_BAD_NODE_WINDOW_SECONDS", default.bad_node_window_seconds)),
         bad_node_max_fraction=float(env.get("RTJ_BAD_NODE_MAX_FRACTION", default.bad_node_max_fraction)),
         agent_port=_agent_port(env, default.agent_port),
+        in_place_ack_seconds=_number(dict(env), "RTJ_IN_PLACE_ACK_SECONDS", default.in_place_ack_seconds, float),
     )
 
 

@@ -155,7 +155,7 @@ class OperatorConfig:
     # recreates), the agents' port, and how long kept pods' agents get to take a plan before they are replaced.
     plan_public_key: str = ""
     agent_port: int = DEFAULT_AGENT_PORT
-    in_place_ack_seconds: float = 10.0
+    in_place_ack_seconds: float = 20.0  # a few POST timeouts (5 s) and resends on a loaded node
 
 
 @dataclass(frozen=True)
