@@ -65,14 +65,15 @@ if mode == "fail":
     sys.exit(3)  # the script's own error
 if mode == "peer":  # what gloo raises when a peer's node is gone (test_worker_peer shows the real one)
     raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.9]:4567")
-if mode == "hang":
-    time.sleep(3600)
-
-def steps():  # progress for the launcher's watchdog, as a training loop would make
+def steps(count=10**6):  # progress for the launcher's watchdog, as a training loop would make
     from resilient_contract import progress
-    for n in range(1, 10**6):
+    for n in range(1, count + 1):
         progress.write_rank(os.environ[progress.RANK_DIR_ENV], int(os.environ["RANK"]), n, 0.2, time.time())
         time.sleep(0.2)
+
+if mode == "hang":  # one step, then stuck
+    steps(1)
+    time.sleep(3600)
 
 import threading
 threading.Thread(target=steps, daemon=True).start()
@@ -91,6 +92,8 @@ while mode == "loop":  # training: collectives until a peer goes away
     time.sleep(0.05)
 dist.destroy_process_group()
 record("done", total=int(total.item()))
+if os.environ.get("AGENT_TEST_FAST_EXIT"):  # no interpreter teardown: a loaded machine can stall it for seconds
+    os._exit(0)
 '''
 
 
@@ -260,7 +263,7 @@ def test_a_lost_peer_or_a_hang_lingers_then_exits_with_its_status(launcher: Laun
                                                                   code: int, message: str | None) -> None:
     """No plan within the linger: the plain launcher's exit status and termination message, only later."""
     run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1=mode,
-                                **{agent.LINGER_ENV: "2", progress.TIMEOUT_ENV: "1"})
+                                **{agent.LINGER_ENV: "2", progress.TIMEOUT_ENV: "4"})
     assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING
                     or run.ranks[0].poll() is not None, 90), run.tail()
     lingering = time.monotonic()
@@ -287,7 +290,7 @@ def test_a_plan_within_the_linger_after_a_hang_runs_the_next_attempt(launcher: L
     success is the pod's: the hang's termination message is cleared."""
     port = free_port()
     run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=port, AGENT_TEST_MODE_1="hang",
-                                **{progress.TIMEOUT_ENV: "1"})
+                                AGENT_TEST_FAST_EXIT="1", **{progress.TIMEOUT_ENV: "4"})
     assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING, 90), run.tail()
     outcome = completion.read_termination_message(str(tmp_path / "termination-log-pod-a"))
     assert outcome is not None and outcome.kind == completion.HUNG

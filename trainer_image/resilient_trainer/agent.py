@@ -34,6 +34,7 @@ import functools
 import importlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -56,11 +57,15 @@ DEFAULT_LINGER_SECONDS = 30.0
 STOP_GRACE_ENV = "RTJ_AGENT_STOP_GRACE_SECONDS"  # SIGTERM, then SIGKILL after this
 DEFAULT_STOP_GRACE_SECONDS = 1.0
 PREWARM_ENV = "RTJ_AGENT_PREWARM"  # "0": no parked next generation (start-up on the critical path)
+PREWARM_WORKERS_ENV = "RTJ_AGENT_PREWARM_WORKERS"  # "0": the parked generation starts no workers ahead
+WORKER_FLAG = "--worker"
+MODULE = "resilient_trainer.agent"  # not __name__: that is "__main__" in the processes it starts
+PARK_DELAY_SECONDS = 10.0  # the next generation parks after the running one's first step, or this long
 CONFIRM_SECONDS = 10.0  # killed processes must be gone within this, or the plan is answered 500
 READ_TIMEOUT_SECONDS = 5.0  # every socket read of a request
 REQUEST_SECONDS = 10.0  # a whole request, however slowly its bytes trickle in
 MAX_CONNECTIONS = 16  # concurrent requests; more are closed unanswered
-READY_FD_ENV = "_RTJ_AGENT_READY_FD"  # the parked process writes b"1" here once torch is imported
+READY_FD_ENV = "_RTJ_AGENT_READY_FD"  # a pipe: b"1" once torch is imported, b"2" once the parked workers are
 HEALTH_PATH = "/healthz"
 RUNNING, LINGERING, EXITING = "running", "lingering", "exiting"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -129,6 +134,26 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+class _Child:
+    """A generation process as started, parked or not, and what it said on its ready pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.imported = threading.Event()  # torch's launcher is imported
+        self.warm = threading.Event()  # ...and its WorkerPool's workers have imported torch
+
+    def listen(self, read: int) -> None:
+        try:
+            if os.read(read, 1) == b"1":
+                self.imported.set()
+                os.read(read, 1)  # b"2", or the end: nothing more to wait for
+                self.warm.set()
+        except OSError:
+            pass
+        finally:
+            os.close(read)
+
+
 @dataclass
 class Generation:
     """One attempt's torchrun process (its own process group) and the watchdog over its ranks."""
@@ -138,7 +163,15 @@ class Generation:
     watchdog: launch.Watchdog
     rank_dir: str
     hung: bool = False
+    saw_workers: bool = False
     started_at: float = field(default_factory=time.time)
+
+    def workers_alive(self) -> bool:
+        """False only once its workers ran and are all gone (torchrun tearing down: no hang to declare);
+        before they start (torchrun's imports, its rendezvous) the watchdog's first-step clock runs."""
+        alive = bool(launch.descendants(self.proc.pid))
+        self.saw_workers |= alive
+        return alive or not self.saw_workers
 
     def lost_a_peer(self) -> bool:
         """A worker failed because a peer went away (resilient_trainer.worker left its marker): this pod can
@@ -169,45 +202,55 @@ class Agent:
         self.state = RUNNING
         self.terminating = False
         self.closed = False
-        self._parked: subprocess.Popen[bytes] | None = None
-        self.prewarmed = False  # a parked process is ready for the next plan
+        self._parked: _Child | None = None
         # PDEATHSIG follows the *thread* that forked: every child is started by this one long-lived thread,
         # never by a request's thread (its exit would kill the generation it just started).
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rtj-spawn")
 
     # -- generations ---------------------------------------------------------------------------------------
-    def _spawn(self, ready_fd: int | None = None) -> subprocess.Popen[bytes]:
-        env = {**self.base, LAUNCHER_PID_ENV: str(os.getpid())}
-        if ready_fd is not None:
-            env[READY_FD_ENV] = str(ready_fd)
-        cmd = [sys.executable, "-m", __name__]
-        return self._spawner.submit(subprocess.Popen, cmd, env=env, stdin=subprocess.PIPE, start_new_session=True,
-                                    pass_fds=() if ready_fd is None else (ready_fd,)).result()
-
-    def _park(self) -> None:
-        """Start the next generation's process now, so a plan finds torch already imported."""
-        if not self.cfg.prewarm or self.closed or (self._parked is not None and self._parked.poll() is None):
-            return
-        self.prewarmed = False
+    def _spawn(self) -> _Child:
+        """A generation process, which says on a pipe when torch is imported (b"1") and its WorkerPool is
+        ready (b"2", or the pipe closes)."""
         read, write = os.pipe()
+        env = {**self.base, LAUNCHER_PID_ENV: str(os.getpid()), READY_FD_ENV: str(write)}
         try:
-            self._parked = self._spawn(write)
-        except OSError as exc:
+            proc = self._spawner.submit(subprocess.Popen, [sys.executable, "-m", MODULE], env=env,
+                                        stdin=subprocess.PIPE, start_new_session=True, pass_fds=(write,)).result()
+        except BaseException:
             os.close(read)
-            self.log(f"cannot park the next generation: {exc}")
-            return
+            raise
         finally:
             os.close(write)
-        threading.Thread(target=self._await_ready, args=(self._parked, read), daemon=True).start()
+        child = _Child(proc)
+        threading.Thread(target=child.listen, args=(read,), daemon=True).start()
+        return child
 
-    def _await_ready(self, parked: subprocess.Popen[bytes], read: int) -> None:
-        """`healthz` says `prewarmed` once the parked process has imported torch's launcher."""
+    def _park_when_started(self, gen: Generation) -> None:
+        """Park the next generation once `gen` is past its start-up (its first step, or PARK_DELAY_SECONDS),
+        so that the imports do not compete with its own for the CPU."""
+        deadline = time.monotonic() + PARK_DELAY_SECONDS
+        while time.monotonic() < deadline and gen.watchdog.first_step_at is None:
+            if self.current is not gen or gen.proc.poll() is not None:
+                return
+            time.sleep(0.2)
+        with self.cond:
+            if self.current is gen and gen.proc.poll() is None:
+                self._park()
+
+    def _park(self) -> None:
+        """Start the next generation's process now, so a plan finds torch already imported (under cond)."""
+        if not self.cfg.prewarm or self.closed or (self._parked is not None and self._parked.proc.poll() is None):
+            return
         try:
-            ready = os.read(read, 1) == b"1"
-        finally:
-            os.close(read)
-        if ready and self._parked is parked:
-            self.prewarmed = True
+            self._parked = self._spawn()
+        except OSError as exc:
+            self.log(f"cannot park the next generation: {exc}")
+
+    @property
+    def prewarmed(self) -> bool:
+        """A parked generation (and its workers) imported torch and waits for the next plan."""
+        parked = self._parked
+        return parked is not None and parked.warm.is_set() and parked.proc.poll() is None
 
     def _start(self, env: dict[str, str]) -> Generation:
         """Hand `env` (the pod's environment for this attempt) to a parked or fresh generation process."""
@@ -216,27 +259,38 @@ class Agent:
         env = {**env, progress.RANK_DIR_ENV: rank_dir}
         spec = json.dumps({"environ": env, "attempt": str(worker_env.attempt),
                            "argv": launch.torchrun_args(worker_env, self.extra, self.script)}).encode() + b"\n"
-        proc, self._parked, self.prewarmed = self._parked, None, False
+        child, self._parked = self._parked, None
         for _ in range(2):
-            if proc is None or proc.poll() is not None:
-                proc = self._spawn()
+            if child is None or child.proc.poll() is not None:
+                child = self._spawn()
             try:
-                assert proc.stdin is not None
-                proc.stdin.write(spec)
-                proc.stdin.close()
+                assert child.proc.stdin is not None
+                child.proc.stdin.write(spec)
+                child.proc.stdin.close()
                 break
             except OSError:  # the parked process died: start a fresh one
-                proc.kill()
-                proc = None
+                child.proc.kill()
+                child = None
         else:
             raise OSError("no generation process took the plan")
-        assert proc is not None
-        gen = Generation(worker_env.attempt, proc, launch.Watchdog(worker_env, rank_dir, self.timeout), rank_dir)
+        assert child is not None
+        gen = Generation(worker_env.attempt, child.proc, launch.Watchdog(worker_env, rank_dir, self.timeout),
+                         rank_dir)
         gen.watchdog.on_hang = lambda: self._hung(gen)
-        gen.watchdog.start()
+        gen.watchdog.workers_alive = gen.workers_alive
+        threading.Thread(target=self._watch_once_imported, args=(gen, child), daemon=True).start()
         self.log(f"attempt {gen.attempt} started: node rank {worker_env.node_rank} of {worker_env.nnodes} "
-                 f"(pid {proc.pid})")
+                 f"(pid {child.proc.pid}{', prewarmed' if child.imported.is_set() else ''})")
         return gen
+
+    def _watch_once_imported(self, gen: Generation, child: _Child) -> None:
+        """The hang watchdog's clock starts when torchrun can start the workers, as in the plain launcher
+        (whose watchdog starts after torch's import): a cold start is not charged to the first step."""
+        while not child.imported.wait(0.5):
+            if gen.proc.poll() is not None or self.current is not gen:
+                return
+        gen.watchdog.started = gen.watchdog.clock()
+        gen.watchdog.start()
 
     def _hung(self, gen: Generation) -> None:
         """The watchdog declared a hang (and wrote RTJ_HUNG): kill the generation; `run` lingers."""
@@ -246,8 +300,9 @@ class Agent:
                 self._signal(gen, signal.SIGKILL)
 
     def _others(self) -> set[int]:
+        """The parked generation and its parked workers: not the running generation's."""
         parked = self._parked
-        return {parked.pid} if parked is not None else set()
+        return {parked.proc.pid, *launch.descendants(parked.proc.pid)} if parked is not None else set()
 
     def _signal(self, gen: Generation, sig: int) -> None:
         """`sig` to the generation's group and to every process below the launcher but the parked one."""
@@ -335,7 +390,7 @@ class Agent:
             self.cond.notify_all()
             self.log(f"plan: attempt {gen.attempt} -> {new.attempt} (old workers stopped in {stopped:.2f} s, "
                      f"started in {time.monotonic() - t0 - stopped:.2f} s)")
-        self._park()
+            threading.Thread(target=self._park_when_started, args=(self.current,), daemon=True).start()
         return 200, {"attempt": new.attempt, "state": plan.STARTED}
 
     def health(self) -> dict[str, Any]:
@@ -361,7 +416,7 @@ class Agent:
         generation first lingers for a plan."""
         with self.cond:
             self.current = self._start(dict(self.base))
-        self._park()
+            threading.Thread(target=self._park_when_started, args=(self.current,), daemon=True).start()
         while True:
             gen = self.current
             assert gen is not None
@@ -374,6 +429,7 @@ class Agent:
                     self.state = LINGERING
                     why = "hung" if gen.hung else "lost a peer"
                     self.log(f"attempt {gen.attempt} {why} (exit {code}): waiting {self.cfg.linger:g} s for a plan")
+                    self._park()  # the CPU is free now
                     self.cond.wait_for(functools.partial(self._moved_on, gen), self.cfg.linger)
                     if self.current is not gen:
                         continue
@@ -389,8 +445,8 @@ class Agent:
             self.closed = True
             parked, self._parked = self._parked, None
         if parked is not None:
-            parked.kill()
-            parked.wait()
+            parked.proc.kill()
+            parked.proc.wait()
         for pid in launch.descendants(os.getpid()):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -533,9 +589,117 @@ def main(cfg: Config, extra: Sequence[str], script: Sequence[str], timeout: floa
             signal.signal(s, handler)
 
 
+def _take_spec() -> dict[str, Any] | None:
+    """The one JSON line a parked process waits for on stdin (None: nobody needed it); stdin is then
+    /dev/null, as the processes it starts expect."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return None
+    spec = dict(json.loads(line))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(spec["environ"])
+    return spec
+
+
+def _signal_ready(fd: str, after: Sequence[int] = (), what: bytes = b"1") -> None:
+    """Write `what` to the pipe `fd` (`$READY_FD_ENV`, if set) once every pipe in `after` said something,
+    and close it."""
+    for other in after:
+        with contextlib.suppress(OSError):
+            os.read(other, 1)
+        with contextlib.suppress(OSError):
+            os.close(other)
+    if fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(fd), what)
+        with contextlib.suppress(OSError):
+            os.close(int(fd))
+
+
+class WorkerPool:
+    """This generation's workers, started while it is parked: each imports torch and waits for the spawn
+    that torchrun would make (argv and environment, on stdin), then runs as `resilient_trainer.worker`.
+    torchrun adopts one instead of starting a process (SubprocessHandler._popen) when the command is the
+    plain `python -u -m resilient_trainer.worker ...` with no output redirection; otherwise it starts its
+    own as usual."""
+
+    def __init__(self, count: int) -> None:
+        env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+        if count > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun exports for nproc > 1
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ready: list[int] = []
+        for _ in range(count):
+            read, write = os.pipe()
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-u", "-m", MODULE, WORKER_FLAG], env={**env, READY_FD_ENV: str(write)},
+                stdin=subprocess.PIPE, start_new_session=True, pass_fds=(write,)))
+            os.close(write)
+            self.ready.append(read)
+
+    def adopt(self, args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        if tuple(args[:4]) != (sys.executable, "-u", "-m", launch.WORKER_MODULE):
+            return None
+        while self.procs:
+            proc = self.procs.pop(0)
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"argv": list(args[4:]), "environ": dict(env)}).encode() + b"\n")
+                proc.stdin.close()
+                return proc
+            except OSError:  # it died while parked
+                proc.kill()
+        return None
+
+    def install(self) -> bool:
+        """Make torchrun adopt from this pool; False (nothing changed) if torch's internals moved."""
+        try:
+            from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+        except ImportError:
+            return False
+        handler = getattr(subprocess_handler, "SubprocessHandler", None)
+        original = getattr(handler, "_popen", None)
+        if handler is None or original is None:
+            return False
+        pool = self
+
+        def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+            if self._stdout is None and self._stderr is None:
+                adopted = pool.adopt(args, env)
+                if adopted is not None:
+                    return adopted
+            return original(self, args, env)
+
+        handler._popen = _popen
+        return True
+
+
+def parked_worker_main() -> int:
+    """`python -m resilient_trainer.agent --worker`: one of a WorkerPool's processes."""
+    parent = os.environ.get(LAUNCHER_PID_ENV)
+    die_with_parent(int(parent) if parent and parent.isdigit() else None)
+    torch = importlib.import_module("torch")
+    importlib.import_module("torch.distributed")
+    _signal_ready(os.environ.pop(READY_FD_ENV, ""))
+    spec = _take_spec()
+    if spec is None:
+        return 0
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # read when torch loaded; the spawn's value wins
+        torch.set_num_threads(int(threads))
+    from resilient_trainer import worker
+
+    worker.main(list(spec["argv"]))
+    return 0
+
+
 def generation_main() -> int:
     """`python -m resilient_trainer.agent`: one generation. Dies with the launcher, imports torch's launcher
-    while parked, then takes its environment and torchrun arguments from one JSON line on stdin."""
+    (and starts its WorkerPool) while parked, then takes its environment and torchrun arguments from one
+    JSON line on stdin."""
     parent = os.environ.get(LAUNCHER_PID_ENV)
     die_with_parent(int(parent) if parent and parent.isdigit() else None)
     # Imported while parked, so a plan does not wait for them (run_torchrun imports them again, for free).
@@ -545,21 +709,20 @@ def generation_main() -> int:
     if ready.isdigit():
         with contextlib.suppress(OSError):
             os.write(int(ready), b"1")
-        with contextlib.suppress(OSError):
-            os.close(int(ready))
-
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return 0  # a parked process nobody needed
-    spec = json.loads(line)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.environ.clear()
-    os.environ.update(spec["environ"])
+    nproc = os.environ.get(environment.NPROC_PER_NODE, "1")
+    pool = None
+    waited_for = not select.select([sys.stdin.buffer], [], [], 0)[0]  # no spec yet: parked, not a cold start
+    if waited_for and os.environ.get(PREWARM_WORKERS_ENV, "1") != "0" and nproc.isdigit() and 0 < int(nproc) <= 64:
+        pool = WorkerPool(int(nproc))
+    threading.Thread(target=_signal_ready, args=(ready, pool.ready if pool else (), b"2"), daemon=True).start()
+    spec = _take_spec()
+    if spec is None:
+        return 0  # a parked process nobody needed (its pool dies with it)
+    if pool is not None:
+        pool.install()
     log_path = completion.termination_log_path()
     return launch.run_torchrun(list(spec["argv"]), spec["attempt"], log_path)
 
 
 if __name__ == "__main__":
-    sys.exit(generation_main())
+    sys.exit(parked_worker_main() if sys.argv[1:] == [WORKER_FLAG] else generation_main())

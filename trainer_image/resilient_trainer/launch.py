@@ -85,11 +85,14 @@ class Watchdog:
         self.first_step_at: float | None = None
         self.hung: str | None = None  # the termination message, once a hang was declared
         self.on_hang = on_hang or kill_children
+        self.workers_alive: Callable[[], bool] | None = None  # the agent's: is any worker still running?
         self._reported = (-1, 0.0)
         self._stop = threading.Event()
 
     def check(self) -> None:
         """One look: report, and declare a hang if due."""
+        if self.workers_alive is not None and not self.workers_alive():
+            return  # the workers are done: torchrun tearing down is no training hang
         now = self.clock()
         ranks = progress.read_ranks(self.dir)
         expected = [self.env.node_rank * self.env.nproc_per_node + i for i in range(self.env.nproc_per_node)]
