@@ -348,15 +348,19 @@ def test_config_needs_all_four_variables() -> None:
     assert environment.RESUME_FROM not in merged and merged["X"] == "1" and merged[environment.ATTEMPT] == "2"
 
 
-def measure(tmp: Path, prewarm: bool) -> tuple[float, float, float]:
+VARIANTS = {"cold": {agent.PREWARM_ENV: "0"}, "torchrun parked": {agent.PREWARM_WORKERS_ENV: "0"},
+            "torchrun + workers parked": {}}
+
+
+def measure(tmp: Path, variant: str) -> tuple[float, float, float]:
     """Seconds from POST to: the 200, the new worker's first line, its first collective done (its own torch
     import and the gloo rendezvous included) for one switch."""
     launcher = Launcher(tmp)
     try:
         run, agent_port = start_pod(launcher, tmp, f"pod-{tmp.name}", port=free_port(), AGENT_TEST_MODE_1="hang",
-                                    **{agent.PREWARM_ENV: "1" if prewarm else "0"})
+                                    **VARIANTS[variant])
         assert wait_for(lambda: events(tmp, "start"), 90), run.tail()
-        if prewarm:
+        if variant != "cold":
             assert wait_for(lambda: (health(agent_port) or {}).get("prewarmed"), 90), run.tail()
         t0 = time.time()
         assert post(agent_port, signed(f"pod-{tmp.name}", 2, port=free_port()))[0] == 200
@@ -370,22 +374,23 @@ def measure(tmp: Path, prewarm: bool) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    """Plan -> new workers running, median of 5, prewarmed and not, interleaved (the machine may be loaded)."""
+    """Plan -> new workers running, median of 5 per variant, interleaved (the machine may be loaded)."""
     import tempfile
 
-    figures: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    figures: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as root:
         for rep in range(5):
-            for prewarm in (False, True):
-                tmp = Path(root) / f"{rep}-{int(prewarm)}"
+            for i, variant in enumerate(VARIANTS):
+                tmp = Path(root) / f"{rep}-{i}"
                 tmp.mkdir()
-                figures[prewarm].append(measure(tmp, prewarm))
-    print(f"load average: {os.getloadavg()}")
-    print("median of 5, seconds after the POST   200     worker running   first collective")
-    for prewarm, rows in figures.items():
+                figures[variant].append(measure(tmp, variant))
+            loads.append(os.getloadavg()[0])
+    print(f"1-min load average during the run: {min(loads):.1f} to {max(loads):.1f} (2 cores)")
+    print(f"{'median of 5, seconds after the POST':<38}{'200':>6}{'worker running':>16}{'first collective':>18}")
+    for variant, rows in figures.items():
         acked, running, ready = (statistics.median(col) for col in zip(*rows, strict=True))
-        print(f"prewarm {'on ' if prewarm else 'off'}                          {acked:5.2f}   {running:5.2f}"
-              f"            {ready:5.2f}    (worker running, all: {[f'{r[1]:.2f}' for r in rows]})")
+        print(f"{variant:<38}{acked:6.2f}{running:16.2f}{ready:18.2f}")
 
 
 if __name__ == "__main__":
