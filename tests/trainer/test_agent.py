@@ -113,12 +113,13 @@ def pod_env(tmp: Path, pod: str, *, port: int, agent_port: int, node_rank: int =
     return env
 
 
-def start_pod(launcher: Launcher, tmp: Path, pod: str, **kw: Any) -> tuple[Run, int]:
+def start_pod(launcher: Launcher, tmp: Path, pod: str, torchrun: tuple[str, ...] = (), **kw: Any) -> tuple[Run, int]:
     """One agent process; returns it once its HTTP server answers."""
     agent_port = free_port()
     script = tmp / "script.py"
     script.write_text(SCRIPT)
-    run = start_process(launcher, [*LAUNCH, str(script)], pod_env(tmp, pod, agent_port=agent_port, **kw), pod)
+    cmd = [*LAUNCH[:-1], *torchrun, "--", str(script)]
+    run = start_process(launcher, cmd, pod_env(tmp, pod, agent_port=agent_port, **kw), pod)
     assert wait_for(lambda: health(agent_port) is not None or run.ranks[0].poll() is not None, 60), run.tail()
     assert run.ranks[0].poll() is None, run.tail()
     return run, agent_port
@@ -333,6 +334,20 @@ def test_a_taken_port_leaves_the_training_running(launcher: Launcher, tmp_path: 
         run = start_process(launcher, [*LAUNCH, str(script)], env, "pod-a")
         assert run.wait(90) == [0], run.tail()
     assert "cannot listen" in run.output() and [e["attempt"] for e in events(tmp_path, "done")] == [1]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_redirected_workers_are_started_by_torchrun_itself(launcher: Launcher, tmp_path: Path) -> None:
+    """Parked workers inherit the pod's output; with torchrun's own redirection it starts them as usual."""
+    logs = tmp_path / "torchrun-logs"
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", torchrun=("--log-dir", str(logs), "--redirects", "3"),
+                                port=free_port(), AGENT_TEST_MODE_1="hang")
+    assert wait_for(lambda: (health(agent_port) or {}).get("prewarmed"), 90), run.tail()
+    assert post(agent_port, signed("pod-a", 2, port=free_port()))[0] == 200
+    assert run.wait(90) == [0], run.tail()
+    assert [e["attempt"] for e in events(tmp_path, "done")] == [2]
+    assert list(logs.rglob("stdout.log"))  # torchrun redirected its workers' output, as asked
 
 
 def test_config_needs_all_four_variables() -> None:

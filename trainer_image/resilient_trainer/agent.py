@@ -654,6 +654,12 @@ class WorkerPool:
                 proc.kill()
         return None
 
+    def discard(self) -> None:
+        while self.procs:
+            proc = self.procs.pop()
+            proc.kill()
+            proc.wait()
+
     def install(self) -> bool:
         """Make torchrun adopt from this pool; False (nothing changed) if torch's internals moved."""
         try:
@@ -671,6 +677,7 @@ class WorkerPool:
                 adopted = pool.adopt(args, env)
                 if adopted is not None:
                     return adopted
+            pool.discard()  # a command or redirection it cannot serve: no idle workers left behind
             return original(self, args, env)
 
         handler._popen = _popen
