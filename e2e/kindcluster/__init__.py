@@ -69,10 +69,16 @@ def kind_config(workers: int, shared_root: Path, node_monitor_grace_period: str 
         f'    node-monitor-grace-period: "{node_monitor_grace_period}"\n'
         f'    node-monitor-period: "{node_monitor_period}"\n'
     )
+    # The kubelet's lease as on the other substrates (e2e/realnodes/config.py): renewed every second, so a
+    # node is judged by its silence within the job's nodeLossTimeoutSeconds, not by a 10 s renew period.
+    kubelet = ("kind: KubeletConfiguration\n"
+               "nodeLeaseDurationSeconds: 4\n"
+               "nodeStatusUpdateFrequency: 1s\n"
+               "nodeStatusReportFrequency: 10s\n")
     nodes = [{"role": "control-plane", "image": node_image, "extraMounts": mounts}]
     nodes += [{"role": "worker", "image": node_image, "extraMounts": mounts} for _ in range(workers)]
     return {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4", "nodes": nodes,
-            "kubeadmConfigPatches": [patch]}
+            "kubeadmConfigPatches": [patch, kubelet]}
 
 
 def worker_container_names(cluster: str, workers: int) -> list[str]:
@@ -177,12 +183,24 @@ class KindCluster(ClusterTools):
             runner(["kind", "create", "cluster", "--name", kind_name, "--config", str(config_path),
                     "--kubeconfig", str(inner), "--wait", "180s"], timeout=1200)
             cluster.relay = relay_kubeconfig(inner, cluster.kubeconfig, engine.netns_path)
-            for ref in refs.values():  # every node, concurrently (kind's own fan-out)
-                runner(["kind", "load", "image-archive", str(ref.archive), "--name", kind_name], timeout=1800)
+            for image, ref in refs.items():
+                cluster.load_archive(ref.archive, ref.digest,
+                                     [f"{kind_name}-control-plane"] if image == "operator" else cluster.workers)
         except BaseException:
             cluster.stop()
             raise
         return cluster
+
+    def load_archive(self, archive: Path, digest: str, nodes: Sequence[str]) -> None:
+        """`kind load image-archive` into `nodes` (concurrently), then drop the layer blobs each node's
+        containerd keeps beside the unpacked snapshots (the trainer's are 1.9 GB a node; kind's own
+        discard_unpacked_layers covers pulls, not imports)."""
+        self.runner(["kind", "load", "image-archive", str(archive), "--name", self.name, "--nodes", ",".join(nodes)],
+                    timeout=1800)
+        for node in nodes:
+            ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io", "content"]
+            manifest = json.loads(self.runner([*ctr, "get", digest]).stdout)
+            self.runner([*ctr, "rm", *(layer["digest"] for layer in manifest["layers"])], check=False)
 
     # ------------------------------------------------------------ nodes
     def node_name(self, name: str) -> str:

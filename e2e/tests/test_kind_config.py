@@ -34,7 +34,8 @@ def test_config_has_one_control_plane_and_workers_sharing_every_mount(tmp_path: 
 
 
 def test_controller_manager_flags_go_through_a_kubeadm_patch(tmp_path: Path) -> None:
-    (patch,) = kind_config(3, tmp_path, "12s", "2s")["kubeadmConfigPatches"]
+    patch, kubelet = kind_config(3, tmp_path, "12s", "2s")["kubeadmConfigPatches"]
+    assert "kind: KubeletConfiguration" in kubelet and "nodeLeaseDurationSeconds: 4" in kubelet
     assert "kind: ClusterConfiguration" in patch
     assert 'node-monitor-grace-period: "12s"' in patch
     assert 'node-monitor-period: "2s"' in patch

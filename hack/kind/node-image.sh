@@ -166,5 +166,9 @@ docker rm -f -v "$ctr" >/dev/null; ctr=""
 # The base Dockerfile's STOPSIGNAL (systemd's halt signal), which import and commit cannot set.
 printf 'FROM rtj-kind-build/node:%s\nSTOPSIGNAL SIGRTMIN+3\n' "$KEY" | docker build -q -t "$TAG" - >/dev/null
 docker rmi "rtj-kind-build/base:$KEY" "rtj-kind-build/node:$KEY" >/dev/null
+# Older node images (other inputs) go: each is ~1 GB in the engine's data root.
+for old in $(docker images --format '{{.Repository}}:{{.Tag}}' localhost/rtj/kind-node); do
+  [[ "$old" == "$TAG" ]] || docker rmi "$old" >/dev/null 2>&1 || true
+done
 echo ">> node image $TAG in $((SECONDS - t0)) s ($(docker image inspect -f '{{.Size}}' "$TAG" | numfmt --to=iec))" >&2
 echo "$TAG"
