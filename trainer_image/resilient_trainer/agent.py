@@ -10,12 +10,14 @@ pod) and `GET /healthz`, and on a newer plan stops the running generation the wa
 the termination message and only then starts the next generation with the plan's environment. So a user's
 script never runs twice at once in one pod, and no worker of attempt N outlives the start of N+1.
 
-A generation that hung (the watchdog), or whose worker failed because a peer went away (it left
-resilient_trainer.worker's peer-lost marker), does not end the pod at once: that pod is one the operator
-wants to keep, so the agent lingers `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that
-generation's status and termination message as the plain launcher would. Any other failure (the script's
-own error) and success exit at once, as before; SIGTERM (pod deletion) is passed to the generation, which
-stops its workers as today, and the launcher exits with its status.
+A generation whose worker failed because a peer went away (it left resilient_trainer.worker's peer-lost
+marker) does not end the pod at once: that pod is one the operator wants to keep, so the agent lingers
+`$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that generation's status and termination message as
+the plain launcher would. A hang ends the pod at once with RTJ_HUNG, as before: the operator learns of a hang
+only from a pod that ended, and every pod of a hung gang stalls together, so lingering would hold them all
+for the whole linger. Any other failure (the script's own error) and success exit at once, as before;
+SIGTERM (pod deletion) is passed to the generation, which stops its workers as today, and the launcher exits
+with its status.
 
 Start-up off the critical path: the next generation's process is started early and parks, torch's
 launcher already imported, until a plan hands it its environment ($RTJ_AGENT_PREWARM=0 turns this off).
@@ -52,7 +54,7 @@ from resilient_contract import completion, environment, plan, progress
 from resilient_trainer import launch
 from resilient_trainer.worker import LAUNCHER_PID_ENV, PEER_LOST_PREFIX, die_with_parent
 
-LINGER_ENV = plan.LINGER_ENV  # after a hung generation or a lost peer, wait this long for a plan
+LINGER_ENV = plan.LINGER_ENV  # after a lost peer, wait this long for a plan
 DEFAULT_LINGER_SECONDS = 30.0
 STOP_GRACE_ENV = "RTJ_AGENT_STOP_GRACE_SECONDS"  # SIGTERM, then SIGKILL after this
 DEFAULT_STOP_GRACE_SECONDS = 1.0
@@ -425,10 +427,10 @@ class Agent:
                 if self.current is not gen:
                     continue  # a plan replaced it
                 gen.watchdog.stop()
-                if code != 0 and not self.terminating and self.cfg.linger > 0 and (gen.hung or gen.lost_a_peer()):
+                if code != 0 and not self.terminating and self.cfg.linger > 0 and not gen.hung and gen.lost_a_peer():
                     self.state = LINGERING
-                    why = "hung" if gen.hung else "lost a peer"
-                    self.log(f"attempt {gen.attempt} {why} (exit {code}): waiting {self.cfg.linger:g} s for a plan")
+                    self.log(f"attempt {gen.attempt} lost a peer (exit {code}): "
+                             f"waiting {self.cfg.linger:g} s for a plan")
                     self._park()  # the CPU is free now
                     self.cond.wait_for(functools.partial(self._moved_on, gen), self.cfg.linger)
                     if self.current is not gen:
