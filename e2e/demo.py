@@ -8,12 +8,13 @@ user would watch: `kubectl get rtj` lines, the job's events, the recovery timeli
 
 `--real-nodes` runs it on real kubelets and containerd (e2e/realnodes/lane.py): the operator and the trainer
 from the images our Dockerfiles build, three training nodes, Pod Security "restricted" enforced.
+`--kind` runs it on kind (e2e/kindcluster/lane.py): four worker containers, the same images `kind load`ed;
+without Docker of its own, on dockerd in a netns with a node image built from our binaries.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -70,12 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.real_nodes:
         return real_nodes(args)
     if args.kind:
-        os.environ["RTJ_CLUSTER"] = "kind"
-    else:
-        say("building (or reusing) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm ...")
-        ensure_binaries()
+        return kind(args)
+    say("building (or reusing) etcd, kube-apiserver, controller-manager, scheduler, kubectl, helm ...")
+    ensure_binaries()
     say("starting the control plane and four training nodes (w0..w3) plus one for the operator ...")
-    cluster = get_cluster("demo", **({} if args.kind else {"detach": args.keep}))
+    cluster = get_cluster("demo", detach=args.keep)
     narrator = Narrator(cluster)
     try:
         support.install_operator(cluster)
@@ -138,6 +138,29 @@ def real_nodes(args: argparse.Namespace) -> int:
         return story(cluster, job, narrator, args)
     finally:
         finish(cluster, narrator, args.keep, "python -m e2e.realnodes down")
+
+
+def kind(args: argparse.Namespace) -> int:
+    """The same story on kind: a worker container killed (docker kill), the images from our Dockerfiles."""
+    from e2e.kindcluster import lane
+
+    say("building (or reusing) kind, kubeadm, the node image, the operator and CPU trainer images; starting "
+        f"kind: a control plane (the operator's node) and workers {', '.join(lane.TRAIN_NODES)}; kind load; helm ...")
+    setup = lane.start("demo", log_level="INFO")
+    cluster = setup.cluster
+    narrator = Narrator(cluster)
+    try:
+        say("operator running from its image on the control-plane node; setup took (s): "
+            + ", ".join(f"{k} {v}" for k, v in setup.timings.items()))
+        lane.create_namespace(cluster, NS)
+        say(f"namespace {NS} enforces Pod Security 'restricted'")
+        job = lane.lane_job(setup, NAME, NS, replicas=len(lane.TRAIN_NODES), steps=args.steps, checkpoint_every=5,
+                            step_delay=0.3)
+        return story(cluster, job, narrator, args)
+    finally:
+        narrator.stop.set()
+        cluster.stop()  # kind, its engine and netns: nothing is left running (--keep does not apply)
+        say("kind cluster deleted")
 
 
 def finish(cluster: Any, narrator: Narrator, keep: bool, down: str = "python -m e2e.localcluster down") -> None:

@@ -1,0 +1,137 @@
+"""The node-loss scenario on kind: a worker container killed, the job goes 4 -> 3 from the newest complete
+checkpoint and ends with the failure-free reference's model.
+
+kind here runs on Debian's dockerd inside a netns of its own, with a node image built from our binaries
+(hack/kind, e2e/kindcluster/engine.py); on a laptop with Docker the same test runs on the stock kindest/node
+(RTJ_KIND_ENGINE=host). The operator and trainer are the images our Dockerfiles give, `kind load`ed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import scenarios
+from e2e.kindcluster import lane as lanes
+from e2e.support import (
+    MOUNT,
+    events,
+    get_job,
+    injected_env,
+    job_pods,
+    node_of,
+    operator_pod,
+    running_attempt,
+    wait_phase,
+)
+from resilient_contract import environment, storage
+from resilient_operator import constants as c
+
+pytestmark = [
+    pytest.mark.cluster, pytest.mark.own_cluster,
+    pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("RTJ_KIND_ENGINE") != "host",
+                       reason="the netns Docker engine needs root (RTJ_KIND_ENGINE=host: the machine's Docker)"),
+    pytest.mark.skipif(shutil.which("dockerd") is None and shutil.which("docker") is None,
+                       reason="no Docker engine (apt-get install docker.io)"),
+]
+IMAGES = ("operator", "trainer-cpu")  # e2e/pytest_plugin.py builds these at collection (outside the timeouts)
+STEPS, TOLERANCE = scenarios.STEPS, scenarios.TOLERANCE
+
+
+def host_network() -> dict[str, str]:
+    """What the netns engine must never touch: the host's interfaces, addresses, routes, forwarding, iptables."""
+    cmds = (["ip", "-o", "link"], ["ip", "-o", "addr"], ["ip", "route", "show", "table", "all"],
+            ["sysctl", "net.ipv4.ip_forward"], ["iptables-save"])
+    return {" ".join(cmd): subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False).stdout
+            for cmd in cmds if shutil.which(cmd[0])}
+
+
+HOST_BEFORE: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def lane(request: pytest.FixtureRequest) -> Iterator[lanes.Lane]:
+    """The lane's kind cluster (and its engine), removed afterwards unless a test failed or RTJ_KEEP_CLUSTER;
+    the host's network is the same afterwards (the engine, its bridges and rules lived in their netns)."""
+    HOST_BEFORE.update(host_network())
+    started = time.monotonic()
+    lane = lanes.start("kindlane")
+    lane.timings["setup total"] = round(time.monotonic() - started, 1)
+    try:
+        yield lane
+    finally:
+        failed = request.session.testsfailed or os.environ.get("RTJ_KEEP_CLUSTER")
+        if failed:
+            lane.cluster.runner(["kind", "export", "logs", str(lane.cluster.dir / "logs"), "--name",
+                                 lane.cluster.name], check=False, timeout=300)
+        lane.stop()
+        print(f"\n[kind lane] timings (s): {json.dumps(lane.timings)}")
+        if failed:
+            print(f"[kind lane] logs kept in {lane.cluster.dir}/logs")
+        else:
+            shutil.rmtree(lane.cluster.dir, ignore_errors=True)
+    if lane.cluster.engine is not None:
+        assert host_network() == HOST_BEFORE
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False)
+        assert lane.cluster.engine.netns not in netns.stdout.split()
+
+
+@pytest.fixture
+def ns(lane: lanes.Lane, request: pytest.FixtureRequest) -> Iterator[str]:
+    with lanes.job_namespace(lane, "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-")) as name:
+        yield name
+
+
+@pytest.mark.timeout(1800)  # the first test pays for the module's cluster: engine, node image, kind load, helm
+def test_a_killed_kind_worker_restarts_the_job_smaller_from_the_newest_checkpoint_with_the_right_model(
+    lane: lanes.Lane, ns: str, reference: dict[str, Any]
+) -> None:
+    import torch
+
+    cl, name = lane.cluster, "tiny"
+    if cl.engine is not None:
+        assert host_network() == HOST_BEFORE  # a running engine and cluster: nothing of theirs on the host
+    operator = operator_pod(cl)
+    assert operator is not None and operator.spec.node_name == f"{cl.name}-control-plane"
+    scenarios.shared_claim(cl, ns)
+    job = lanes.lane_job(lane, name, ns, replicas=4, min_replicas=3, steps=STEPS,
+                         extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",))
+    cl.apply(job)
+    t = time.monotonic()
+    pods = running_attempt(cl, ns, name, 1, 4, timeout=300)
+    lane.timings["job submit -> 4 workers Running"] = round(time.monotonic() - t, 1)
+    scenarios.first_complete_checkpoint(cl, job, timeout=240)
+    root = scenarios.host_root(cl, job)
+    newest_before = storage.scan(storage.LocalStore(str(root)), storage.UNBOUNDED_SCAN).latest
+    assert newest_before is not None
+    timeline = scenarios.kill_and_time(cl, ns, name, node_of(pods, "1"), timeout=300)
+    print(f"\nkind: recovery timeline after docker kill of {timeline.node}: {timeline.row()}")
+    lane.timings.update({f"kill -> {s}": round(getattr(timeline, s), 2) for s in timeline.STAGES})
+
+    status = get_job(cl, ns, name)["status"]
+    assert status["lastFailure"]["node"] == timeline.node and status["lastFailure"]["reason"] == c.REASON_NODE_LOST
+    assert (timeline.attempt, timeline.replicas) == (2, 3), timeline
+    resumed = status["resumedFrom"]
+    assert resumed["step"] >= newest_before.step and resumed["step"] == timeline.resumed_step
+    new = running_attempt(cl, ns, name, 2, 3)
+    assert injected_env(new[0])[environment.RESUME_FROM] == resumed["path"]
+    assert timeline.node not in {p.spec.node_name for p in new}
+    final = wait_phase(cl, ns, name, c.SUCCEEDED, 400)
+    assert final["restarts"]["infrastructure"] == 1 and final["restarts"]["application"] == 0
+    rank0 = next(p.metadata.name for p in job_pods(cl, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
+    result = scenarios.result_line(scenarios.trainer_log(cl, ns, rank0))
+    assert result and result["step"] == str(STEPS) and result["world_size"] == "3", result
+    source = storage.check_step(storage.LocalStore(str(root)), storage.step_dir_name(resumed["step"]))
+    assert source.complete, source
+    state = torch.load(root.with_suffix(".pt"), weights_only=False)
+    diff = scenarios.relative_difference(reference["model"], state["model"])
+    print(f"final model vs failure-free reference: relative difference {diff:.2e} (tolerance {TOLERANCE})")
+    assert diff <= TOLERANCE
+    assert any("restarted 4 -> 3 workers" in e for e in events(cl, ns, name))
