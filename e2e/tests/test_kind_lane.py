@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.cluster, pytest.mark.own_cluster,
     pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("RTJ_KIND_ENGINE") != "host",
                        reason="the netns Docker engine needs root (RTJ_KIND_ENGINE=host: the machine's Docker)"),
-    pytest.mark.skipif(shutil.which("dockerd") is None and shutil.which("docker") is None,
+    pytest.mark.skipif(shutil.which("docker" if os.environ.get("RTJ_KIND_ENGINE") == "host" else "dockerd") is None,
                        reason="no Docker engine (apt-get install docker.io)"),
 ]
 IMAGES = ("operator", "trainer-cpu")  # e2e/pytest_plugin.py builds these at collection (outside the timeouts)
