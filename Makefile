@@ -50,7 +50,7 @@ test-cluster: venv binaries ## The tests against the local Kubernetes control pl
 test: venv binaries lint ## Everything CI runs: lint, then every test: the cluster lane and the unit lane side by side
 	bash hack/test_lanes.sh $(PY) $(PYTEST_ARGS)
 
-test-kind: venv binaries ## The node-loss scenario on kind: dockerd (docker.io) in a netns, a node image from our binaries (root)
+test-kind: venv binaries ## The kind lane alone (also in make test): dockerd (docker.io) in a netns, a node image from our binaries (root)
 	$(PY) -m pytest e2e/tests/test_kind_lane.py -p no:cacheprovider $(PYTEST_ARGS)
 
 chart: venv binaries ## Render, lint and validate the Helm chart (kubernetes-validate, helm lint)

@@ -2,7 +2,7 @@
 # `make test`, in two lanes side by side:
 #   the cluster lane: every test on the session cluster (marked `cluster`, not `own_cluster`), in order;
 #   the side lane, at a lower CPU priority: first the tests without a cluster (the decision core, contracts,
-#     trainer, chart), then the cluster tests that bring their own cluster (`own_cluster`: real nodes, KWOK,
+#     trainer, chart), then the cluster tests that bring their own cluster (`own_cluster`: real nodes, kind, KWOK,
 #     the image builds), each in its own network namespace.
 # The cluster lane spends most of its time waiting on Kubernetes' own clocks (node-loss timeouts, grace
 # periods), so the side lane fills the idle CPU; being niced, it leaves the cluster lane's timing close to
@@ -18,9 +18,7 @@ side() {
   local rc=0
   nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider --basetemp="$tmp/unit" -o timeout=600 "$@" \
     >"$logs/unit.log" 2>&1 || rc=1
-  # The kind lane (e2e/tests/test_kind_lane.py) runs in `make test-kind`, not here (yet: see the Makefile).
-  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider --basetemp="$tmp/own" \
-    --ignore=e2e/tests/test_kind_lane.py "$@" \
+  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider --basetemp="$tmp/own" "$@" \
     >"$logs/own-cluster.log" 2>&1 || rc=1
   return "$rc"
 }
