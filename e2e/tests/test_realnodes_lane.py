@@ -173,6 +173,35 @@ def test_node_loss_with_the_trainer_image_restarts_smaller_with_the_right_model(
     assert any("restarted 3 -> 2 workers" in e for e in events(cl, ns, name))
 
 
+@pytest.mark.timeout(1500)  # run alone, this test pays for the module's cluster (images, nodes, helm)
+def test_node_loss_in_place_on_real_nodes_keeps_the_survivors_with_the_right_model(
+    lane: lanes.Lane, ns: str, reference: dict[str, Any]
+) -> None:
+    """restartStrategy InPlace on real kubelets and containers: the surviving pods (same uids) take the
+    operator's signed plan over the pod network, no pod is created, and the model is right."""
+    import torch
+
+    cl, name = lane.cluster, "inplace"
+    job = submit(lane, ns, name, replicas=3, min_replicas=2, restartStrategy=c.RestartStrategy.IN_PLACE.value)
+    pods = running_attempt(cl, ns, name, 1, 3, timeout=180)
+    uids = {p.metadata.name: p.metadata.uid for p in pods}
+    scenarios.first_complete_checkpoint(cl, job)
+    timeline = scenarios.kill_and_time(cl, ns, name, node_of(pods, "1"))
+    print(f"\nreal nodes, in place: recovery timeline after killing {timeline.node}: {timeline.row()}")
+    lane.timings.update({f"in place: kill -> {s}": round(getattr(timeline, s), 2) for s in timeline.STAGES})
+    assert (timeline.attempt, timeline.replicas) == (2, 2), timeline
+    kept = running_attempt(cl, ns, name, 2, 2)
+    assert {p.metadata.name: p.metadata.uid for p in kept} == {p.metadata.name: uids[p.metadata.name] for p in kept}
+    entry = next(e for e in get_job(cl, ns, name)["status"]["history"] if e["attempt"] == 2)
+    assert entry["restart"] == "InPlace" and len(entry["kept"]) == 2, entry
+    final = wait_phase(cl, ns, name, c.SUCCEEDED, 240)
+    assert final["restarts"]["infrastructure"] == 1
+    state = torch.load(scenarios.host_root(cl, job).with_suffix(".pt"), weights_only=False)
+    diff = scenarios.relative_difference(reference["model"], state["model"])
+    print(f"final model vs failure-free reference: relative difference {diff:.2e} (tolerance {TOLERANCE})")
+    assert diff <= TOLERANCE
+
+
 def assert_runs_confined_with_its_limits(lane: lanes.Lane, ns: str, pod: str) -> None:
     """The trainer runs as its image's user, no new privileges, seccomp on; its limits are in its cgroups."""
     assert exec_in(lane, ns, pod, "id", "-u").stdout.strip() == "1000"
