@@ -103,6 +103,7 @@ class KindCluster(ClusterTools):
     relay: NetnsRelay | None = None
     kill_mode: str = "pause"  # "pause": a frozen machine; "kill": a dead one (docker kill, restored by start)
     images: dict[str, str] = field(default_factory=dict)  # image name (e2e/images.py) -> the ref pods request
+    cut: set[str] = field(default_factory=set)  # requested names partitioned (off kind's network)
 
     @classmethod
     def create_commands(cls, name: str, config_path: Path, kubeconfig: Path) -> list[list[str]]:
@@ -247,6 +248,20 @@ class KindCluster(ClusterTools):
         if wait:
             self.kubectl("wait", "--for=condition=Ready", f"node/{self.node_name(name)}", f"--timeout={int(timeout)}s",
                          timeout=timeout + 10)
+
+    def partition_node(self, name: str) -> None:
+        """Take the node off kind's Docker network: kubelet, containers and the shared volume keep running,
+        the API and the other nodes are out of reach (a partition, not a freeze)."""
+        self.runner(["docker", "network", "disconnect", "kind", self.node_name(name)])
+        self.cut.add(name)
+
+    def heal_node(self, name: str) -> None:
+        """Reconnect the node (Docker may give it another address than its kubelet registered)."""
+        self.runner(["docker", "network", "connect", "kind", self.node_name(name)])
+        self.cut.discard(name)
+
+    def partitioned_nodes(self) -> list[str]:
+        return sorted(self.cut)
 
     # ------------------------------------------------------------ volumes
     @property

@@ -85,11 +85,11 @@ def install_operator(lane: Lane, log_level: str = "DEBUG") -> None:
         "replicaCount": "1"}, wait="240s", timeout=300)
 
 
-def lane_job(lane: Lane, name: str, namespace: str, **kw: Any) -> dict[str, Any]:
+def lane_job(lane: Lane, name: str, namespace: str, cpu: str = "1", **kw: Any) -> dict[str, Any]:
     """scenarios.example_job with the example's limits kept and the trainer image the lane loaded."""
     job = scenarios.example_job(name, namespace, **kw)
     container = job["spec"]["template"]["spec"]["containers"][0]
-    container["resources"] = {"limits": dict(WORKER_LIMITS)}
+    container["resources"] = {"limits": {**WORKER_LIMITS, "cpu": cpu}}
     container["image"] = lane.image("trainer-cpu")
     container["imagePullPolicy"] = "Never"
     return job

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from e2e import scenarios
+from e2e.cluster import wait_for
 from e2e.kindcluster import lane as lanes
 from e2e.support import (
     MOUNT,
@@ -31,7 +32,7 @@ from e2e.support import (
     running_attempt,
     wait_phase,
 )
-from resilient_contract import environment, storage
+from resilient_contract import environment, lineage, storage
 from resilient_operator import constants as c
 
 pytestmark = [
@@ -135,3 +136,32 @@ def test_a_killed_kind_worker_restarts_the_job_smaller_from_the_newest_checkpoin
     print(f"final model vs failure-free reference: relative difference {diff:.2e} (tolerance {TOLERANCE})")
     assert diff <= TOLERANCE
     assert any("restarted 4 -> 3 workers" in e for e in events(cl, ns, name))
+
+
+@pytest.mark.timeout(600)
+def test_a_partitioned_kind_node_s_gang_keeps_training_but_never_commits_after_the_fence(
+    lane: lanes.Lane, ns: str, reference: dict[str, Any]
+) -> None:
+    """The node is taken off kind's network (`docker network disconnect`): its kubelet and containers keep
+    running and still reach the shared volume. The operator fences the old gang and relaunches elsewhere;
+    the old gang's next save finds attempt 2's mark and is refused, a FencedGangWriting event names the
+    node, the newest checkpoint is attempt 2's and the model is right."""
+    cl, name = lane.cluster, "cutoff"
+    scenarios.shared_claim(cl, ns)
+    job = lanes.lane_job(lane, name, ns, replicas=1, min_replicas=1, nprocPerNode=2, checkpoint_every=4,
+                         step_delay=1.5, cpu="2", steps=STEPS, extra_args=(f"--dump-state={MOUNT}/{ns}/{name}.pt",))
+    cl.apply(job)
+    pods = running_attempt(cl, ns, name, 1, 1, timeout=300)
+    uid = get_job(cl, ns, name)["metadata"]["uid"]
+    root = scenarios.host_root(cl, job)
+    scenarios.first_complete_checkpoint(cl, job, timeout=240)
+    node = node_of(pods, "0")
+    t = time.monotonic()
+    cl.partition_node(node)
+    running_attempt(cl, ns, name, 2, 1, timeout=180)
+    lane.timings["partition -> attempt 2 Running"] = round(time.monotonic() - t, 1)
+    wait_for((root / lineage.marker_name(uid, 2)).exists, 180, "attempt 2's fence mark")
+    wait_for(lambda: any(root.glob(f"step-*/{lineage.REFUSED_FILE}")), 180, "a refused save of the old gang")
+    _, diff = scenarios.fenced_gang_outcome(cl, ns, name, node, root, uid, reference["model"])
+    print(f"\nafter a partitioned gang on kind: final model vs reference {diff:.2e}")
+    assert diff <= TOLERANCE
