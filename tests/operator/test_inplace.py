@@ -189,3 +189,27 @@ def test_kept_pods_carry_the_agent_settings_and_recreated_ones_too() -> None:
     assert env["RTJ_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert float(env["RTJ_AGENT_LINGER_SECONDS"]["value"]) >= 2 * 20
     assert pods[0]["metadata"]["annotations"][c.ANNOTATION_TEMPLATE_HASH] == HASH
+
+
+def test_a_silent_rendezvous_host_takes_the_whole_attempt_with_it() -> None:
+    """Every plan names rank 0's pod as the rendezvous host: when that pod is replaced, the kept pods that took
+    their plans would wait for a host that is gone, so they are replaced too, and rank 0 is a new pod."""
+    status = running_status(attempt=2, replicas=3, phase=c.STARTING,
+                            inPlace={"attempt": 2, "since": fmt(NOW), "master": "demo-a1-0",
+                                     "pods": {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}},
+                            history=[{"attempt": 2, "replicas": 3, "startTime": fmt(NOW), "restart": "InPlace",
+                                      "kept": ["demo-a1-0", "demo-a1-1", "demo-a1-2"], "replaced": []}])
+    took = moved(2, gang(1, 3)[1:], {"demo-a1-1": 1, "demo-a1-2": 2}, 3)
+    silent = pod(1, 0, node_name="n0", replicas=4)
+    late = reconcile(job(status, **IN_PLACE), [silent, *took], healthy(3), listing(40),
+                     NOW + timedelta(seconds=11), config=CONFIG)
+    assert sorted(late.delete) == ["demo-a1-0", "demo-a1-1", "demo-a1-2"]
+    assert "master" not in late.status["inPlace"]
+    assert late.status["history"][-1]["kept"] == []
+    # once they are gone, every rank gets a new pod, and rank 0's own pod is the rendezvous host
+    after = reconcile(job(late.status, **IN_PLACE), [], healthy(3), listing(40), NOW + timedelta(seconds=12),
+                      config=CONFIG)
+    created = [m for m in after.manifests() if m["kind"] == "Pod"]
+    assert [m["metadata"]["name"] for m in created] == ["demo-a2-0", "demo-a2-1", "demo-a2-2"]
+    env = {e["name"]: e.get("value") for e in created[1]["spec"]["containers"][0]["env"]}
+    assert env[environment.MASTER_ADDR] == "demo-a2-0.demo.ml.svc"

@@ -59,6 +59,12 @@ def master(status: JobStatus, attempt: int) -> str | None:
     return handover.get("master") if handover and handover.get("attempt") == attempt else None
 
 
+def drop_master(status: JobStatus) -> None:
+    """The kept rendezvous host was replaced: the attempt's rank 0 is its own new pod from now on."""
+    if handover := status.get("inPlace"):
+        handover.pop("master", None)
+
+
 def waiting(status: JobStatus, attempt: int, pods: Sequence[PodView]) -> dict[str, int]:
     """Kept pods of `attempt` whose agents have not taken their plans yet (still in an older attempt, alive)."""
     handover = status.get("inPlace")

@@ -105,8 +105,13 @@ def _handing_over(inp: Inputs, d: Draft, replicas: int, resume: Verdict | None) 
     if overdue:
         why = (f"the agents of {', '.join(overdue)} did not take attempt {d.attempt}'s plan within "
                f"{inp.config.in_place_ack_seconds:g}s: replacing them with new pods")
-        d.fence([p for p in inp.pods if p.name in overdue])
-        history.note_fallback(d.status, d.attempt, overdue, why)
+        replace = set(overdue)
+        if handover.master(d.status, d.attempt) in replace:  # the rendezvous host: every plan names it
+            replace |= {p.name for p in d.current(inp)}
+            handover.drop_master(d.status)
+            why += "; the rendezvous host was among them, so the whole attempt gets new pods"
+        d.fence([p for p in inp.pods if p.name in replace])
+        history.note_fallback(d.status, d.attempt, sorted(replace), why)
         d.event("Warning", c.REASON_IN_PLACE_FALLBACK, why)
     if not pending:
         return False
