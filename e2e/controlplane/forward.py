@@ -21,7 +21,7 @@ LOG = logging.getLogger("api-forward")
 CHUNK = 65536
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
     """Copy one direction until EOF, then pass the EOF on (half-close), so watches and uploads end cleanly."""
     try:
         while data := src.recv(CHUNK):
@@ -41,9 +41,9 @@ def _serve_one(client: socket.socket, target: tuple[str, int]) -> None:
         client.close()
         return
     upstream.settimeout(None)
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
     back.start()
-    _pump(client, upstream)
+    pump(client, upstream)
     back.join()
     client.close()
     upstream.close()

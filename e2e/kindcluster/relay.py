@@ -9,12 +9,13 @@ kind's API certificate names 127.0.0.1).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import socket
 import threading
 from pathlib import Path
+
+from e2e.controlplane.forward import pump  # one byte pump, half-closing at EOF
 
 CLONE_NEWNET = 0x40000000
 
@@ -45,17 +46,6 @@ def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10)
     return got
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-
 class NetnsRelay:
     """127.0.0.1:`port` on the host, relayed to `target` inside `netns` (closed by `close`)."""
 
@@ -80,9 +70,9 @@ class NetnsRelay:
         except OSError:
             conn.close()
             return
-        back = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
+        back = threading.Thread(target=pump, args=(upstream, conn), daemon=True)
         back.start()
-        _pump(conn, upstream)
+        pump(conn, upstream)
         back.join()
         conn.close()
         upstream.close()
