@@ -94,7 +94,33 @@ def first_complete_checkpoint(cluster: ClusterLike, job: dict[str, Any], timeout
     def latest() -> storage.Verdict | None:
         return storage.scan(storage.LocalStore(str(root)), storage.UNBOUNDED_SCAN).latest if root.is_dir() else None
 
-    return wait_for(latest, timeout, "the first complete checkpoint")
+    try:
+        return wait_for(latest, timeout, "the first complete checkpoint")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{diagnosis(cluster, job, root)}") from None
+
+
+def diagnosis(cluster: ClusterLike, job: dict[str, Any], root: Path) -> str:
+    """What a failed wait leaves to read: the job's phase and conditions, each pod's phase and node, the last
+    lines of rank 0's log, the events, and what is under the checkpoint root (each part bounded)."""
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    out = []
+    try:
+        status = get_job(cluster, ns, name).get("status", {})
+        conditions = [(x.get("type"), x.get("status"), x.get("reason")) for x in status.get("conditions", [])]
+        out.append(f"job: phase={status.get('phase')} attempt={status.get('attempt')} conditions={conditions}")
+        pods = job_pods(cluster, ns, name)
+        out += [f"pod {p.metadata.name}: {p.status.phase} on {p.spec.node_name} "
+                f"rank={p.metadata.labels.get(c.LABEL_RANK)}" for p in pods]
+        rank0 = next((p.metadata.name for p in pods if p.metadata.labels.get(c.LABEL_RANK) == "0"), None)
+        if rank0:
+            out.append(f"rank 0 log (tail):\n{''.join(cluster.pod_log(ns, rank0).splitlines(True)[-25:])}")
+        out.append(f"events: {events(cluster, ns, name)[-10:]}")
+    except Exception as err:  # a diagnosis must not hide the timeout it explains
+        out.append(f"(cluster state unavailable: {err})")
+    listing = sorted(str(p.relative_to(root)) for p in root.rglob("*"))[:40] if root.is_dir() else "absent"
+    out.append(f"checkpoint root {root}: {listing}")
+    return "\n".join(out)
 
 
 def trainer_log(cluster: ClusterLike, namespace: str, pod: str) -> str:
@@ -154,12 +180,14 @@ def kill_and_time(cluster: ClusterLike, namespace: str, name: str, node: str, ti
         if tl.detected == tl.detected and tl.fenced != tl.fenced and not (old_pods & names - {
                 p.metadata.name for p in new}):
             tl.fenced = now
-        if tl.running != tl.running and new and status.get("phase") == c.RUNNING and all(
-            p.status.phase == "Running" for p in new
-        ):
+        # Running: the new attempt's every pod is in it and runs (in place, kept pods are relabelled one by one,
+        # so a partial set of new pods while the status already says Running is not yet the new gang).
+        rank0 = next((p.metadata.name for p in new if p.metadata.labels.get(c.LABEL_RANK) == "0"), None)
+        if tl.running != tl.running and new and rank0 and status.get("phase") == c.RUNNING and (
+            status.get("attempt", 0) > old_attempt and len(new) == status.get("replicas")
+        ) and all(p.status.phase == "Running" for p in new):
             tl.running, tl.attempt, tl.replicas = now, status["attempt"], len(new)
-        if tl.running == tl.running:
-            rank0 = next(p.metadata.name for p in new if p.metadata.labels[c.LABEL_RANK] == "0")
+        if tl.running == tl.running and rank0:
             log = trainer_log(cluster, namespace, rank0)
             # A kept pod's log holds the earlier attempts too: read from its agent's start of this one.
             log = log[max(0, log.rfind(f"rtj-agent: attempt {tl.attempt} started")):]

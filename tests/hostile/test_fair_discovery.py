@@ -34,10 +34,13 @@ def costly_rejection(seconds: float) -> bytes:
     """Cheap opcodes (NONE, POP) for about `seconds` of the bounded reader, then an opcode that does not exist."""
     pairs = 200_000
     body = b"\x80\x04" + b"N0" * pairs + b"\xfe"
-    start = time.monotonic()
-    with pytest.raises(dcp_metadata.MalformedMetadata):
-        dcp_metadata.storage_entries(body, dcp_metadata.Limits())
-    per_pair = max((time.monotonic() - start) / pairs, 1e-7)
+    took = []
+    for _ in range(3):  # the fastest of three: a busy moment during calibration must not shrink the payload
+        start = time.monotonic()
+        with pytest.raises(dcp_metadata.MalformedMetadata):
+            dcp_metadata.storage_entries(body, dcp_metadata.Limits())
+        took.append(time.monotonic() - start)
+    per_pair = max(min(took) / pairs, 1e-7)
     return b"\x80\x04" + b"N0" * int(seconds / per_pair) + b"\xfe"
 
 
@@ -151,9 +154,12 @@ def test_a_noisy_namespace_never_makes_another_wait_busy(mount: Path) -> None:
 
 
 def test_a_root_is_charged_for_the_time_it_used(mount: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A root that cost ~0.8 s answers from that call for a while without using a worker, even though the call
+    """A root that cost ~0.5 s answers from that call for a while without using a worker, even though the call
     neither overran nor killed its worker."""
-    root = hostile_root(mount, costly_rejection(0.8), 900)
+    # The charge threshold is lowered so that the worker's speed against the calibration's (other lanes run
+    # beside this one) cannot decide the test: 0.5 s is 10x the threshold and a quarter of the deadline.
+    monkeypatch.setattr(discovery, "CHARGE_MIN_SECONDS", 0.05)
+    root = hostile_root(mount, costly_rejection(0.5), 900)
     pool = DiscoveryPool(DiscoverySettings(checkpoint_mount=str(mount), timeout_seconds=DEADLINE, workers=1))
     try:
         pool.warm()
