@@ -33,6 +33,7 @@ def test_node_loss_in_place_keeps_the_survivors_and_ends_with_the_right_model(
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     uids = {p.metadata.name: p.metadata.uid for p in pods}
     scenarios.first_complete_checkpoint(cluster, job)
+    refuses_a_forged_plan(cluster, ns, name, pods)  # the same job: a second training job would cost a minute
     lost_node = node_of(pods, "1")
     lost_pod = next(p.metadata.name for p in pods if p.spec.node_name == lost_node)
     timeline = scenarios.kill_and_time(cluster, ns, name, lost_node)
@@ -76,14 +77,8 @@ def test_an_agent_that_never_answers_is_replaced_by_a_new_pod(cluster: ClusterLi
     assert entry["restart"] == "InPlace" and entry["kept"] == [] and entry.get("fallback"), entry
 
 
-@pytest.mark.timeout(600)
-def test_a_plan_not_signed_by_the_operator_is_refused_and_training_goes_on(
-    cluster: ClusterLike, job_ns: str
-) -> None:
+def refuses_a_forged_plan(cluster: ClusterLike, ns: str, name: str, pods: list[Any]) -> None:
     """An impostor with the job's labels and a key of its own tells an agent to restart: 403, nothing moves."""
-    ns, name = job_ns, "steered"
-    scenarios.submit_example(cluster, ns, name, steps=400, **IN_PLACE)
-    pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     target = pods[0]
     forged = agent_plan.Plan(job_uid=get_job(cluster, ns, name)["metadata"]["uid"], pod_uid=target.metadata.uid,
                              attempt=9, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,

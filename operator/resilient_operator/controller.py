@@ -181,6 +181,7 @@ def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan, deli
     patch = merge_patch(obj.get("status") or {}, plan.status)
     if patch:
         cache.wrote_job(kube.write_status(obj, patch))
+        log.debug("%s/%s: status written (%s)", ns, obj["metadata"]["name"], ", ".join(sorted(patch)))
     if plan.deliver and deliver is not None:  # after the status names the new attempt, so a crash resumes it
         deliver.submit(ns, plan.deliver)
     try:

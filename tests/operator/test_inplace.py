@@ -132,6 +132,26 @@ def test_node_loss_in_place_fences_only_the_lost_pod_then_hands_the_survivors_th
     assert done.delete == [] and done.force_delete == []
 
 
+def test_an_acknowledgement_costs_no_status_write() -> None:
+    """Kept pods move into the new attempt one by one; until the last has moved the status stays as the launch
+    wrote it, so the API server sees one status write for the handover, not one per kept pod."""
+    spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
+    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    survivors = gang(1, 3)
+    launch = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
+    st, ranks = launch.status, launch.status["inPlace"]["pods"]
+    writes = 0
+    for i in range(1, 4):  # after the i-th acknowledgement
+        now = NOW + timedelta(seconds=i)
+        pods = moved(2, survivors[:i], ranks, 3) + survivors[i:]
+        after = reconcile(job(st, **spec), pods, lost_n3(), listing(40), now, config=CONFIG)
+        writes += after.status != st
+        if i < 3:
+            assert after.status == st and len(after.deliver) == 3 - i  # only the waiting ones are resent
+        st = after.status
+    assert st["phase"] == c.RUNNING and writes == 1  # the last move: the attempt runs
+
+
 def test_an_agent_that_does_not_answer_is_replaced_by_a_new_pod_for_its_rank() -> None:
     spec = dict(IN_PLACE)
     status = running_status(attempt=2, replicas=3, phase=c.STARTING,

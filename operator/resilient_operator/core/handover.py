@@ -78,12 +78,12 @@ def follow(status: JobStatus, attempt: int, pods: Sequence[PodView], now: dateti
            config: OperatorConfig) -> tuple[dict[str, int], list[str], float]:
     """(still waiting, kept pods to replace now because their time is up, seconds left to wait).
 
-    Drops from status.inPlace every kept pod that moved into the attempt or is gone."""
+    status.inPlace keeps every kept pod while they move: which ones are still waiting is read from the pods,
+    so an acknowledgement costs the job no status write (one per kept pod before)."""
     handover: InPlace | None = status.get("inPlace")
     if not handover or handover.get("attempt") != attempt:
         return {}, [], 0.0
     pending = waiting(status, attempt, pods)
-    handover["pods"] = dict(pending)
     since = parse(handover.get("since"))
     elapsed = (now - since).total_seconds() if since else config.in_place_ack_seconds
     if pending and inplace.overdue(elapsed, config):

@@ -162,7 +162,7 @@ class Condition(TypedDict, total=False):
 
 
 class InPlace(TypedDict, total=False):
-    """status.inPlace: an in-place start waiting for kept pods' agents to take their plans (core/inplace.py)."""
+    """status.inPlace: the last in-place start; a kept pod still in an older attempt is waiting (core/handover.py)."""
 
     attempt: int
     since: str
