@@ -11,6 +11,11 @@ Message format (one line, `key=value` fields, parse with `parse_message`):
     RTJ_SUCCEEDED step=120 attempt=2 world_size=4
     RTJ_PREEMPTED step=57 checkpoint=/ckpt/step-0000000057 attempt=2 world_size=4
     RTJ_HUNG step=41 rank=3 stalled_s=30.2 timeout_s=30 attempt=2     (the launcher's hang watchdog)
+    RTJ_CHECKPOINT_REFUSED refused_checkpoint=step-0000000060 resumed_from=step-0000000040 attempt=2
+                                          (the resume found a corrupt checkpoint and fell back: written at once)
+
+After such a fallback every later message of the process carries `refused_checkpoint=` too (step directory
+names, comma-separated: `refused_checkpoints(outcome)` parses them, bounded).
 
 Torch-free: the operator imports these constants.
 """
@@ -28,7 +33,10 @@ TERMINATION_LOG_ENV = "RTJ_TERMINATION_LOG"  # override (tests, or a pod spec wi
 SUCCEEDED = "RTJ_SUCCEEDED"
 PREEMPTED = "RTJ_PREEMPTED"
 HUNG = "RTJ_HUNG"  # no step for the progress timeout: the launcher ended the pod (resilient_contract.progress)
-KINDS = (SUCCEEDED, PREEMPTED, HUNG)
+CHECKPOINT_REFUSED = "RTJ_CHECKPOINT_REFUSED"  # a resume refused a corrupt checkpoint and fell back (see above)
+KINDS = (SUCCEEDED, PREEMPTED, HUNG, CHECKPOINT_REFUSED)
+REFUSED_CHECKPOINT_FIELD = "refused_checkpoint"  # step directory names the trainer refused as corrupt
+MAX_REFUSED_NAMED = 8  # names of refused checkpoints a message may carry (and a parser believes)
 COMPLETED_MARKER_FILE = "_RTJ_COMPLETED"  # in the checkpoint root; never matches a step directory
 MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4096 bytes
 MAX_STEP = 10**10 - 1  # the largest step the checkpoint layout can name (storage.names.STEP_DIGITS): within int64
@@ -60,6 +68,18 @@ class Outcome:
             return None
         value = float(text)
         return value if value <= limit else None
+
+
+def refused_checkpoints(outcome: Outcome | None) -> tuple[str, ...]:
+    """The step directory names a message says the trainer refused as corrupt: only well-formed names
+    (`step-<10 digits>[.a<attempt>]`), at most MAX_REFUSED_NAMED (tenant-written: anything else is dropped)."""
+    from resilient_contract.storage.names import parse_step_dir
+
+    text = outcome.fields.get(REFUSED_CHECKPOINT_FIELD) if outcome is not None else None
+    if not text or len(text) > MAX_REFUSED_NAMED * 32:
+        return ()
+    names = [n for n in text.split(",")[:MAX_REFUSED_NAMED] if parse_step_dir(n) is not None]
+    return tuple(dict.fromkeys(names))
 
 
 def bounded_int(text: str | None, limit: int = MAX_STEP) -> int | None:

@@ -31,6 +31,12 @@ Design choices and the traps they avoid:
   `CheckpointError` (an Exception) naming the directory.
 - Resume loads the *sharded* state dict on every rank (DCP reshards N->M); it never uses
   `broadcast_from_rank0` with empty dicts on non-zero ranks, which deadlocks.
+- Content integrity (`integrity`): every shard item is checksummed while it is written, rank 0 commits the
+  manifest before `.metadata`, and every byte loaded is verified against it. A checkpoint whose bytes do not
+  match is refused: `resume()` marks it corrupt (`names.CORRUPT_FILE`, so the completeness rule, discovery
+  and the operator never offer it again), logs it, names it in the termination message
+  (`RTJ_CHECKPOINT_REFUSED refused_checkpoint=<dir>`, then on every later message), and loads the previous
+  complete checkpoint instead. Checkpoints without a manifest (older than checksums) load unverified.
 - Save/load collectives run on `ctx.checkpoint_group`, a gloo group separate from training's.
 - `upload_niceness` (off by default) renices the upload thread (Linux nice is per thread). Measured
   on 2 shared cores (bench/checkpoint_bench.py): it makes the loop's cost per save *worse* (0.83 ->
@@ -83,9 +89,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilient_contract import environment, lineage
-from resilient_contract.storage import StorageError, check_step, parse_step_dir, step_dir_name
+from resilient_contract.storage import StorageError, check_step, parse_step_dir, read_lineage, step_dir_name, step_dirs
+from resilient_contract.storage.names import CORRUPT_FILE
 from resilient_trainer import dist as rdist
-from resilient_trainer import outcome, parallel, retention, staging, storage, upload
+from resilient_trainer import integrity, outcome, parallel, retention, staging, storage, upload
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -111,6 +118,17 @@ class FencedError(CheckpointError):
         self.attempt, self.newer = attempt, newer
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's bytes do not match its checksum manifest (or it was marked corrupt before)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"cannot resume from checkpoint {path}: its content is corrupt: {detail}")
+        self.path, self.detail = path, detail
+
+
+MAX_FALLBACKS = 8  # corrupt checkpoints one resume refuses before it gives up
+
+
 class ResumeNotLoadedError(CheckpointError):
     """A resume point was injected ($RTJ_RESUME_FROM) but the script saved without loading it."""
 
@@ -120,7 +138,8 @@ FENCED_PREFIX = "fenced:"  # a rank-0 decision broadcast to every rank: "fenced:
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
-        parts = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(exc.failures.items())]
+        failures = {r: (e[0] if isinstance(e, tuple) and e else e) for r, e in exc.failures.items()}
+        parts = [f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items())]
         return "; ".join(parts) or str(exc)
     return f"{type(exc).__name__}: {exc}"
 
@@ -448,14 +467,16 @@ class Checkpointer:
             raise CheckpointError(f"cannot resume from checkpoint {path}: {exc}") from None
         path = source.join(name)
         self.wait()  # never load under a save that is still reading the same tensors
-        problem = None
+        problem, corrupt = None, False
         if self.ctx.rank == 0:
             if parse_step_dir(name) is None:
                 problem = "not a step-<10 digits> checkpoint directory"
             else:
                 verdict = check_step(source.store(), name)
-                problem = None if verdict.complete else verdict.reason
-        problem = self._broadcast(problem)
+                problem, corrupt = (None if verdict.complete else verdict.reason), verdict.corrupt
+        problem, corrupt = self._broadcast((problem, corrupt))
+        if corrupt:
+            raise CorruptCheckpointError(path, problem)
         if problem:
             raise CheckpointError(f"cannot resume from checkpoint {path}: {problem}")
         state = self._state_dict()
@@ -471,6 +492,8 @@ class Checkpointer:
                 obj.load_state_dict(state["extra"][name])
             self.train_state.load_state_dict(state["train"])
         except (Exception, CheckpointException) as exc:
+            if (mismatch := integrity.find_mismatch(exc)) is not None:
+                raise CorruptCheckpointError(path, mismatch.detail) from None
             raise CheckpointError(f"cannot resume from checkpoint {path}: {_describe(exc)}") from exc
         recorded = self.train_state.global_batch
         if configured_batch and recorded != configured_batch:
@@ -490,13 +513,53 @@ class Checkpointer:
     def resume(self, resume_from: str | None = None) -> str | None:
         """Load `resume_from` or the operator's `$RTJ_RESUME_FROM`; None on a fresh start.
 
-        Deliberately does not fall back to scanning the root: the operator chose (and checked) the
-        checkpoint, and silently starting elsewhere would fork the run."""
+        Falls back only from a checkpoint whose content is proven corrupt (its bytes do not match its checksum
+        manifest): that one is marked corrupt, logged and named in the termination message, and the previous
+        complete checkpoint of the same root is loaded instead (up to MAX_FALLBACKS times). Any other failure
+        raises: the operator chose (and checked) the checkpoint, and silently starting elsewhere would fork
+        the run."""
         target = resume_from or environment.resume_from()
         if target is None:
             return None
-        self.load(target)
-        return self.resumed_from
+        for _ in range(MAX_FALLBACKS):
+            try:
+                self.load(target)
+                return self.resumed_from
+            except CorruptCheckpointError as exc:
+                target = self._fall_back(exc)
+        raise CheckpointError(f"cannot resume: {MAX_FALLBACKS} checkpoints in a row were corrupt, the last "
+                              f"{target}; giving up")
+
+    def _fall_back(self, exc: CorruptCheckpointError) -> str:
+        """Mark a corrupt checkpoint, say so, and pick the previous complete one (rank 0 decides for all)."""
+        parent, name = storage.split(exc.path)
+        decision: str | None = None
+        if self.ctx.rank == 0:
+            source = self.storage if parent == self.root else storage.open_root(parent)
+            try:  # evidence, and the completeness rule refuses the directory from now on
+                source.put(f"{name}/{CORRUPT_FILE}", f"{exc.detail}\n".encode()[:4096])
+            except OSError as err:
+                log.warning("cannot mark %s corrupt: %s", exc.path, err)
+            decision = self._previous_complete(source, parse_step_dir(name) or 0, name)
+        decision = self._broadcast(decision)
+        if self.ctx.rank == 0:
+            log.error("checkpoint %s is corrupt (%s); %s", exc.path, exc.detail,
+                      f"falling back to {decision}" if decision else "no older complete checkpoint to fall back to")
+        outcome.record_refused_checkpoint(self.ctx, name, storage.split(decision)[1] if decision else None)
+        if decision is None:
+            raise CheckpointError(f"{exc}; and no older complete checkpoint is left under {parent} to fall "
+                                  "back to") from None
+        return decision
+
+    def _previous_complete(self, source: storage.Root, step: int, refused: str) -> str | None:
+        """The newest complete checkpoint at or below `step` other than `refused`, by the same rule (and this
+        job's lineage) that discovery applies; None if there is none."""
+        store = source.store()
+        rule = lineage.Lineage.merge(self.job, read_lineage(store, self.job)) if self.attempt is not None else None
+        for found, name in reversed(step_dirs(store)):
+            if found <= step and name != refused and check_step(store, name, rule=rule).complete:
+                return source.join(name)
+        return None
 
 
 def _lower_priority_of_upload(writer: StorageWriter, niceness: int) -> None:

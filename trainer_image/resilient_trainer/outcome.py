@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # torch-free at run time
 
 
 _PENDING = WeakHooks()
+# Fields every later message of this process carries (a corrupt checkpoint refused on resume: the operator
+# reads `refused_checkpoint=` from whatever message the pod ends with).
+_NOTES: dict[str, str] = {}
 
 
 def register_pending(wait: Callable[[], object]) -> None:
@@ -52,11 +55,23 @@ def current_attempt() -> str:
 def _write(ctx: DistContext, kind: str, **fields: object) -> str | None:
     if ctx.local_rank != 0:
         return None
+    fields = {**_NOTES, **fields}
     try:
         return completion.write_termination_message(kind, None, attempt=current_attempt(), **fields)
     except OSError as exc:
         print(f"warning: cannot write termination message: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def record_refused_checkpoint(ctx: DistContext, refused: str, resumed_from: str | None) -> None:
+    """A resume refused checkpoint directory `refused` (its bytes do not match its checksums) and fell back to
+    `resumed_from` (None: nothing left to fall back to). Written at once (a later crash still names it), and
+    every later message of this process names it too. Names only (`step-<digits>[.a<attempt>]`), no paths."""
+    names = [n for n in _NOTES.get(completion.REFUSED_CHECKPOINT_FIELD, "").split(",") if n]
+    if refused not in names:
+        names.append(refused)
+    _NOTES[completion.REFUSED_CHECKPOINT_FIELD] = ",".join(names[-completion.MAX_REFUSED_NAMED:])
+    _write(ctx, completion.CHECKPOINT_REFUSED, resumed_from=resumed_from or "none")
 
 
 def record_success(ctx: DistContext, *, step: int, checkpoint_root: str | None = None, **fields: object) -> None:

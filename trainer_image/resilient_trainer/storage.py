@@ -73,13 +73,16 @@ class Root:
         return FileSystemWriter(path, sync_files=True, overwrite=False)
 
     def reader(self, path: str) -> StorageReader:
+        """DCP's reader for the path, verifying every item it loads against the checksum manifest (if any)."""
+        from resilient_trainer.integrity import verifying_reader
+
         if self.object_store:
             from torch.distributed.checkpoint import FsspecReader
 
-            return FsspecReader(path, **S3_STORAGE_OPTIONS)
+            return verifying_reader(FsspecReader, path, **S3_STORAGE_OPTIONS)
         from torch.distributed.checkpoint import FileSystemReader
 
-        return FileSystemReader(path)
+        return verifying_reader(FileSystemReader, path)
 
 
 def open_root(uri: str) -> Root:

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import _async_process_executor as dcp_process
 
 from resilient_contract import lineage
 from resilient_contract.storage import RootMissing, read_lineage
-from resilient_trainer import storage
+from resilient_trainer import integrity, storage
 
 log = logging.getLogger(__name__)
 
@@ -125,17 +125,36 @@ class GuardedWriter(StorageWriter):
         return self.inner.prepare_global_plan(plans)
 
     def write_data(self, plan: Any, planner: Any) -> Any:
-        return self.inner.write_data(plan, planner)
+        """The inner writer's write, with this rank's checksums (summed while written, see `integrity`) appended
+        to its results for rank 0's manifest; `finish` takes them out again before DCP's own commit."""
+        fs = integrity.summing_fs(self.inner)
+        written = self.inner.write_data(plan, planner)
+        if fs is None:
+            return written
+
+        def with_sums(done: Any) -> list[Any]:
+            results = list(done.value())
+            sums = integrity.ShardSums(fs.algorithm, fs.take(integrity.relative_paths(results)))
+            return [*results, sums]
+
+        return written.then(with_sums)
 
     def storage_meta(self) -> Any:
         return self.inner.storage_meta()
 
     def finish(self, metadata: Any, results: list[Any]) -> None:
-        """Rank 0 commits `.metadata`: only with its group, all W ranks' results, and no newer attempt."""
+        """Rank 0 commits the checksum manifest, then `.metadata`: only with its group, all W ranks' results
+        (and checksums), and no newer attempt."""
         self._require_group()
         if len(results) != self.world:
             raise UploadError(f"refusing to commit {self.path}: write results from {len(results)} of "
                               f"{self.world} ranks")
+        results, sums = integrity.split_results(results)
+        present = [s for s in sums if s is not None]
+        if present and len(present) != len(sums):
+            raise UploadError(f"refusing to commit {self.path}: checksums from {len(present)} of {len(sums)} ranks")
+        if present:  # durable before `.metadata` exists: a complete checkpoint always has its checksums
+            integrity.write_manifest(self.inner, integrity.manifest_bytes(present))
         while self.hold and not os.path.exists(self.hold):  # test-only: a rank 0 stalled right here
             time.sleep(0.1)
         if self.fence is not None and (newer := self.fence.newer_attempt()) is not None:

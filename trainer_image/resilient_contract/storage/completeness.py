@@ -3,8 +3,10 @@
 DCP writes `.metadata` last, but a reused directory, `sync_files=False` or an eventually consistent store can
 still leave a `.metadata` beside missing shards, so completeness is checked, not trusted: `.metadata` must parse
 (with the restricted reader, size-capped) and every file it references must hold at least offset+length bytes.
-With the job's lineage, a directory a fenced attempt wrote is refused too (see lineage.py). Every failure is a
-verdict with a reason; messages name the step directory and validated shard names, never file contents.
+With the job's lineage, a directory a fenced attempt wrote is refused too (see lineage.py), and so is one a
+trainer marked corrupt (`CORRUPT_FILE`: its bytes did not match its checksum manifest; only its presence is
+checked). Every failure is a verdict with a reason; messages name the step directory and validated shard names,
+never file contents.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from resilient_contract import dcp_metadata, lineage
 from resilient_contract.storage.base import StoreReader
 from resilient_contract.storage.errors import StorageError, StoreUnavailable, UnsafeEntry, errno_name
 from resilient_contract.storage.listing import Verdict
-from resilient_contract.storage.names import METADATA_FILE, parse_step_dir, step_dir_attempt
+from resilient_contract.storage.names import CORRUPT_FILE, METADATA_FILE, parse_step_dir, step_dir_attempt
 
 MAX_SHARD_FILES = 100_000
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_.\-/]{1,128}")  # a shard name we may echo in a message
@@ -45,6 +47,10 @@ def check_step(store: StoreReader, name: str, limits: dcp_metadata.Limits = dcp_
             return Verdict(step, path, False, f"the directory is reserved for attempt {reserved} but holds no "
                            "writer token of that attempt")
         reason = _incomplete_because(store, name, limits)
+        if reason is None and store.entry(posixpath.join(name, CORRUPT_FILE)) is not None:
+            # a trainer read it and found bytes that do not match its checksums: never a resume source again
+            return Verdict(step, path, False, f"a trainer found its content does not match its checksums "
+                           f"({CORRUPT_FILE})", corrupt=True)
         # Complete, yet written by an attempt fenced before this step was: its .metadata came after the fence
         # (the decision took the newest complete checkpoint, older than this one), so a cut-off gang wrote it.
         if rule is not None and (refused := rule.refusal(step, writer)):

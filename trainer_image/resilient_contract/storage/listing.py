@@ -19,6 +19,7 @@ class Verdict:
     complete: bool
     reason: str = ""
     fenced_writer: int | None = None  # refused by the lineage: the attempt whose cut-off gang wrote it
+    corrupt: bool = False  # refused because a trainer found its content does not match its checksums
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,12 @@ def _typed(value: Any, kind: type, optional: bool = False) -> Any:
 
 def _verdict_dict(v: Verdict | None) -> dict[str, Any] | None:
     return None if v is None else {"step": v.step, "path": v.path, "complete": v.complete, "reason": v.reason,
-                                   "fenced_writer": v.fenced_writer}
+                                   "fenced_writer": v.fenced_writer, "corrupt": v.corrupt}
 
 
 def _verdict(data: Any) -> Verdict:
     if not isinstance(data, dict):
         raise ValueError("a verdict must be an object")
     return Verdict(_typed(data.get("step"), int), _typed(data.get("path"), str), _typed(data.get("complete"), bool),
-                   _typed(data.get("reason"), str), _typed(data.get("fenced_writer"), int, optional=True))
+                   _typed(data.get("reason"), str), _typed(data.get("fenced_writer"), int, optional=True),
+                   _typed(data.get("corrupt", False), bool))

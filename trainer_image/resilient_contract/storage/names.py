@@ -10,6 +10,12 @@ import re
 from collections.abc import Sequence
 
 METADATA_FILE = ".metadata"
+# Per-shard checksums of a save (resilient_trainer.integrity): committed before `.metadata`, verified by the
+# trainer while it loads. A step directory without one (written before checksums existed) still loads.
+MANIFEST_FILE = ".rtj-checksums"
+# Left in a step directory by the trainer that found its bytes do not match the manifest: the completeness rule
+# refuses it from then on (a stat, never a read of a shard), so no resume is pointed at it again.
+CORRUPT_FILE = ".rtj-corrupt"
 STEP_DIR_PREFIX = "step-"
 STEP_DIGITS = 10
 # `step-<10 digits>`, or `step-<10 digits>.a<attempt>` when another attempt already held the plain name
