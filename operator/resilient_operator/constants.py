@@ -108,6 +108,7 @@ class Reason(StrEnum):
     DISRUPTION = "ClusterDisruption"
     HEARTBEATS = "HeartbeatsFlowing"
     FENCED_WRITER = "FencedGangWriting"  # a fenced attempt's cut-off gang saved a checkpoint
+    CHECKPOINT_CORRUPT = "CheckpointCorrupt"  # a trainer refused a checkpoint whose bytes failed their checksums
     INVALID_SPEC = "InvalidSpec"  # the spec passed the CRD but the operator cannot use it
     SPEC_OK = "SpecUsable"
     HANG = "Hang"  # no training step for spec.progressTimeoutSeconds (the launcher ended the pod)
@@ -181,6 +182,7 @@ REASON_CHECKPOINT_SKIPPED = Reason.CHECKPOINT_SKIPPED
 REASON_DISRUPTION = Reason.DISRUPTION
 REASON_HEARTBEATS = Reason.HEARTBEATS
 REASON_FENCED_WRITER = Reason.FENCED_WRITER
+REASON_CHECKPOINT_CORRUPT = Reason.CHECKPOINT_CORRUPT
 REASON_INVALID_SPEC = Reason.INVALID_SPEC
 REASON_SPEC_OK = Reason.SPEC_OK
 REASON_HANG = Reason.HANG
@@ -224,6 +226,7 @@ DEFAULT_DRAIN_TAINTS: tuple[str, ...] = (
 GPU_RESOURCE = "nvidia.com/gpu"
 
 HISTORY_LIMIT = 20
+BAD_CHECKPOINTS_LIMIT = 16  # status.badCheckpoints keeps the newest this many
 
 # Kueue (https://kueue.sigs.k8s.io): a job labelled with a LocalQueue is held until its Workload is admitted.
 KUEUE_GROUP = "kueue.x-k8s.io"

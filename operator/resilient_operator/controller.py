@@ -23,7 +23,7 @@ from resilient_contract.storage.listing import Listing
 from resilient_operator import constants as c
 from resilient_operator import discovery, metrics, views
 from resilient_operator.cache import ClusterCache
-from resilient_operator.core import Job, NodeView, Plan, PodView, badnodes, history, reconcile
+from resilient_operator.core import Job, NodeView, Plan, PodView, badcheckpoints, badnodes, history, reconcile
 from resilient_operator.core.model import OperatorConfig, Progress, WorkloadPriority, WorkloadView
 from resilient_operator.core.plan import Delivery, Render
 from resilient_operator.core.reconcile import needs_discovery
@@ -76,7 +76,8 @@ def observe(cache: ClusterCache, namespace: str, name: str, config: OperatorConf
     ours = [p.name for p in pods if p.owner_uid == job.uid and p.attempt == attempt] \
         if isinstance(attempt, int) and not isinstance(attempt, bool) else []
     listing, reports = discovery.discover_with_reports(job.spec.checkpoint_root, namespace, job.uid,
-                                                       history.lineage_starts(job.status), ours)
+                                                       history.lineage_starts(job.status), ours,
+                                                       badcheckpoints.names(job.status))
     return obj, job, pods, nodes, listing, reports
 
 

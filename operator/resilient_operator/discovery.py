@@ -53,6 +53,7 @@ from typing import Any
 from resilient_contract import dcp_metadata, progress, storage
 from resilient_contract.storage import errors, roots, s3
 from resilient_contract.storage.listing import Listing, Verdict
+from resilient_contract.storage.names import parse_step_dir
 from resilient_contract.storage.s3 import S3Credentials
 from resilient_operator.settings import DiscoverySettings, SettingsError
 
@@ -67,6 +68,7 @@ MAX_COOLDOWN_ENTRIES = 4096
 STARTUP_SECONDS = 60.0  # `warm`'s bound on start-up (an interpreter; with object-store areas, the S3 client too)
 READY = b'{"ready": true}'  # a worker's first line, once it is ready to serve
 MAX_REPORTED_PODS = 512  # progress reports read per call (each at most progress.MAX_REPORT_BYTES)
+MAX_REFUSED = 16  # step directories a request may refuse (status.badCheckpoints holds no more)
 _POD_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?", re.ASCII)
 THREAD_STACK_BYTES = 1 << 20  # the S3 client's threads' stacks (8 MiB by default, counted by RLIMIT_AS)
 CHARGE_MIN_SECONDS = 0.25  # a call that took longer charges its root (a cheap answer charges nothing)
@@ -171,16 +173,18 @@ class DiscoveryPool:
 
     def discover_with_reports(self, root: str, namespace: str, job: str | None = None,
                               starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
-                              ) -> tuple[Listing, dict[str, progress.Report]]:
+                              refused: Sequence[str] = ()) -> tuple[Listing, dict[str, progress.Report]]:
         """`discover`, plus the progress reports of `pods` (the job's own current pods), read by the same worker
-        relative to the root's directory fd, following no link anywhere on the way (local roots only)."""
+        relative to the root's directory fd, following no link anywhere on the way (local roots only).
+        `refused`: step directory names never to offer as the latest (status.badCheckpoints)."""
         reports: dict[str, progress.Report] = {}
         pods = [p for p in pods if isinstance(p, str) and _POD_NAME_RE.fullmatch(p)][:MAX_REPORTED_PODS]
-        listing = self._discover(root, namespace, job, starts, pods, reports)
+        refused = [n for n in refused if isinstance(n, str) and parse_step_dir(n) is not None][:MAX_REFUSED]
+        listing = self._discover(root, namespace, job, starts, pods, reports, refused)
         return listing, reports
 
     def _discover(self, root: str, namespace: str, job: str | None, starts: Sequence[tuple[int, int | None]],
-                  pods: Sequence[str], reports: dict[str, progress.Report]) -> Listing:
+                  pods: Sequence[str], reports: dict[str, progress.Report], refused: Sequence[str] = ()) -> Listing:
         """The root's Listing, within about one deadline (two if every worker was busy). With `job` (its uid)
         and `starts` (attempt, resumed step), directories a fenced attempt wrote are refused (lineage.py)."""
         if not isinstance(root, str) or len(root) > MAX_ROOT_CHARS:
@@ -211,7 +215,7 @@ class DiscoveryPool:
             used = [0.0]
             try:
                 listing, worker = self._call(worker, root, area, job, starts, s3, used,
-                                             pods=pods if s3 is None else (), reports=reports)
+                                             pods=pods if s3 is None else (), reports=reports, refused=refused)
             finally:
                 self._slots.put(worker)
         finally:
@@ -260,7 +264,8 @@ class DiscoveryPool:
     def _call(self, worker: _Worker | None, root: str, area: str, job: str | None = None,
               starts: Sequence[tuple[int, int | None]] = (), s3: S3Credentials | None = None,
               used: list[float] | None = None, pods: Sequence[str] = (),
-              reports: dict[str, progress.Report] | None = None) -> tuple[Listing, _Worker | None]:
+              reports: dict[str, progress.Report] | None = None,
+              refused: Sequence[str] = ()) -> tuple[Listing, _Worker | None]:
         """Answer one request on `worker` (or a fresh one); the listing and the worker to put back in its slot
         (a replacement, already starting, when this one had to go). `used[0]` gets the seconds the request
         itself took (a worker's start-up is not the root's doing)."""
@@ -269,6 +274,8 @@ class DiscoveryPool:
         message: dict[str, Any] = {"root": root, "area": area, "job": job, "starts": list(starts)}
         if pods:
             message["pods"] = list(pods)
+        if refused:
+            message["refused"] = list(refused)
         if s3 is not None:
             message["s3"] = dataclasses.asdict(s3)
         request = json.dumps(message).encode() + b"\n"
@@ -489,14 +496,14 @@ def shutdown() -> None:
 
 def discover_with_reports(root: str, namespace: str, job: str | None = None,
                           starts: Sequence[tuple[int, int | None]] = (), pods: Sequence[str] = (),
-                          ) -> tuple[Listing, dict[str, progress.Report]]:
+                          refused: Sequence[str] = ()) -> tuple[Listing, dict[str, progress.Report]]:
     """The operator's entry point for a job's checkpoints and its own pods' progress reports."""
     global _pool
     with _pool_lock:
         if _pool is None:
             _pool = DiscoveryPool(DiscoverySettings.from_environ())
         pool = _pool
-    return pool.discover_with_reports(root, namespace, job, starts, pods)
+    return pool.discover_with_reports(root, namespace, job, starts, pods, refused)
 
 
 def discover(root: str, namespace: str, job: str | None = None,
@@ -552,8 +559,10 @@ def serve(stdin: Any, stdout: Any, limits: storage.ScanLimits, cpu_seconds: int)
             job = request.get("job")
             starts = [(int(a), None if r is None else int(r)) for a, r in request.get("starts") or []]
             s3 = _credentials(request.get("s3"))
+            refused = [str(n) for n in (request.get("refused") or [])[:MAX_REFUSED]]
             listing = storage.discover(str(request["root"]), str(request["area"]), limits,
-                                      job=str(job) if job is not None else None, starts=starts, s3=s3)
+                                      job=str(job) if job is not None else None, starts=starts, s3=s3,
+                                      refused=refused)
             pods = request.get("pods") or []
             if pods and s3 is None and not listing.error:
                 found = read_reports(str(request["root"]), str(request["area"]), pods)

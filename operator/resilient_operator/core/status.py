@@ -25,6 +25,14 @@ class CheckpointRef(TypedDict, total=False):
     step: int
 
 
+class BadCheckpoint(TypedDict, total=False):
+    """A checkpoint a trainer refused: its bytes did not match their checksums (core/badcheckpoints.py)."""
+
+    path: str  # <root>/step-<10 digits>[.a<attempt>]
+    step: int
+    time: str  # when the operator learnt of it
+
+
 class LastFailure(TypedDict, total=False):
     """What broke the last attempt (core/failures.py), as the user reads it."""
 
@@ -191,6 +199,7 @@ class JobStatus(TypedDict, total=False):
     lastDrain: LastDrain
     latestCheckpoint: CheckpointRef
     resumedFrom: CheckpointRef
+    badCheckpoints: list[BadCheckpoint]
     settlingSince: str
     goodput: Goodput
     growBack: GrowBack

@@ -88,7 +88,8 @@ def read_lineage(store: StoreReader, job: str) -> list[tuple[int, int | None]]:
 
 
 def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCAN, job: str | None = None,
-             starts: Iterable[tuple[int, int | None]] = (), s3: S3Credentials | None = None) -> Listing:
+             starts: Iterable[tuple[int, int | None]] = (), s3: S3Credentials | None = None,
+             refused: Iterable[str] = ()) -> Listing:
     """Find the latest complete checkpoint under a root. Never raises: every failure is `Listing.error`.
 
     With `area` (the operator always passes its namespace's area), a root outside it is refused
@@ -96,7 +97,8 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
     With `job` (its uid), directories a fenced attempt of that job wrote are refused: the lineage is the
     job's fence marks in the root merged with `starts` (the operator's record: attempt, resumed step).
     An `s3://` root is checked against an `s3://bucket/prefix` area lexically and read with `s3`
-    (the operator's read-only keys for that bucket).
+    (the operator's read-only keys for that bucket). Step directories named in `refused` (those a trainer
+    reported corrupt: the operator's status.badCheckpoints) are never the latest, whatever they hold.
     """
     store: StoreReader | None = None
     try:
@@ -107,7 +109,7 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
             starts = list(starts)  # marks and tokens past the operator's newest attempt are not believed
             newest = max((a for a, _ in starts), default=None)
             rule = lineage.Lineage.merge(jid, read_lineage(store, jid), starts, newest=newest)
-        return scan(store, limits, rule, uri)
+        return scan(store, limits, rule, uri, frozenset(refused))
     except RootMissing as exc:
         return Listing(uri, None, (), str(exc), missing=True, reason=exc.reason)
     except StorageError as exc:
@@ -123,7 +125,7 @@ def discover(uri: str, area: str | None = None, limits: ScanLimits = DEFAULT_SCA
 
 
 def scan(store: StoreReader, limits: ScanLimits = DEFAULT_SCAN, rule: lineage.Lineage | None = None,
-         uri: str | None = None) -> Listing:
+         uri: str | None = None, refused: frozenset[str] = frozenset()) -> Listing:
     """`discover`'s scan of an opened store (a benchmark or test can count its requests). A store failure
     (StorageError) propagates: `discover` turns it into `Listing.error`."""
     uri = store.uri if uri is None else uri
@@ -133,6 +135,9 @@ def scan(store: StoreReader, limits: ScanLimits = DEFAULT_SCAN, rule: lineage.Li
     for step, name, kind in entries:
         if kind == "symlink":
             verdict = Verdict(step, store.join(name), False, "the step directory is a symlink (not followed)")
+        elif name in refused:
+            verdict = Verdict(step, store.join(name), False, "a trainer found its content does not match its "
+                              "checksums (recorded in status.badCheckpoints)", corrupt=True)
         else:
             verdict = check_step(store, name, limits.metadata, rule)
         if verdict.complete:

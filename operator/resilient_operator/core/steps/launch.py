@@ -7,7 +7,18 @@ from functools import partial
 
 from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
-from resilient_operator.core import capacity, drain, goodput, handover, history, inplace, render, rootstate, settle
+from resilient_operator.core import (
+    badcheckpoints,
+    capacity,
+    drain,
+    goodput,
+    handover,
+    history,
+    inplace,
+    render,
+    rootstate,
+    settle,
+)
 from resilient_operator.core.steps.draft import FENCE_RECHECK_SECONDS, Draft, Inputs
 from resilient_operator.core.timeutil import parse
 
@@ -16,6 +27,9 @@ MAX_SKIPPED_EVENTS = 3
 UNSETTLED_RECHECK_SECONDS = 1.0
 # A level-triggered safety net for a job waiting for capacity (a watch can miss node events across an outage).
 CAPACITY_RECHECK_SECONDS = 30.0
+# The listing names a checkpoint recorded as corrupt (discovered before it was recorded): the next discovery
+# leaves it out (status.badCheckpoints), so look again soon.
+BAD_CHECKPOINT_RECHECK_SECONDS = 1.0
 
 
 def relaunch(inp: Inputs, d: Draft) -> None:
@@ -56,6 +70,9 @@ def relaunch(inp: Inputs, d: Draft) -> None:
     d.condition(c.COND_CAPACITY, True, c.REASON_ENOUGH, f"the healthy nodes hold {cap} workers")
     ok, wait = rootstate.launchable(inp.listing, inp.job.root_in_use_by, bool(d.status.get("latestCheckpoint")))
     d.plan.look_again(wait)
+    if ok and inp.listing.latest and badcheckpoints.refused(d.status, inp.listing.latest.path):
+        d.plan.look_again(BAD_CHECKPOINT_RECHECK_SECONDS)  # never inject a checkpoint a trainer refused
+        return
     if ok:  # otherwise the storage condition says why; retried on a timer
         _launch(inp, d, replicas)
 

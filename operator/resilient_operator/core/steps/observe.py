@@ -9,7 +9,7 @@ import posixpath
 from resilient_contract import completion
 from resilient_contract.storage.names import step_dir_name
 from resilient_operator import constants as c
-from resilient_operator.core import goodput, history, rootstate
+from resilient_operator.core import badcheckpoints, goodput, history, rootstate
 from resilient_operator.core.conditions import get_condition
 from resilient_operator.core.steps.draft import Draft, Inputs
 
@@ -48,8 +48,12 @@ def adopt_newer_attempt(inp: Inputs, d: Draft) -> None:
 
 
 def checkpoints(inp: Inputs, d: Draft) -> None:
-    """The storage condition (core/rootstate.py), the newest complete checkpoint, and fenced gangs' late saves."""
+    """The storage condition (core/rootstate.py), the newest complete checkpoint, fenced gangs' late saves, and
+    checkpoints a trainer refused as corrupt (core/badcheckpoints.py)."""
     listing, st = inp.listing, d.status
+    found = badcheckpoints.reported(inp.pods, inp.job.uid, listing.skipped)
+    for bad in badcheckpoints.record(st, inp.job.spec.checkpoint_root, found, inp.ts):
+        d.event("Warning", c.REASON_CHECKPOINT_CORRUPT, badcheckpoints.announcement(bad))
     state = rootstate.judge(listing, inp.job.spec.checkpoint_root, inp.job.root_in_use_by,
                             bool(st.get("latestCheckpoint")))
     if state is None:
