@@ -60,6 +60,9 @@ PATCH_FAILED = "patch_failed"  # acknowledged, but the relabel failed (API error
 ERROR = "error"  # a bug in this module (logged with its traceback)
 
 RESEND_SECONDS = 1.0
+# A lost SYN costs TCP's own backoff (resent after 1 s, then 3 s, then 7 s): past a 5 s bound that is a timeout
+# and a resend seconds later. The connect is tried afresh every CONNECT_TRY_SECONDS instead, within the bound.
+CONNECT_TRY_SECONDS = 0.5
 MAX_ANSWER_BYTES = 16 * 1024  # status line, headers and body together: an agent's answer is ~200 bytes
 FORGET_SECONDS = 600.0  # how long a sent delivery is remembered (each (pod, attempt) is asked for briefly)
 
@@ -198,8 +201,21 @@ class Deliverer:
         conn = _Connection(address, port, timeout=self._timeout)
         alarm: _Alarm | None = None
         try:
-            conn.connect()  # bounded by the socket timeout
+            tries = 0
+            while True:  # each try bounded by CONNECT_TRY_SECONDS, all of them by the deadline
+                tries += 1
+                conn.timeout = max(0.01, min(CONNECT_TRY_SECONDS, deadline - time.monotonic()))
+                try:
+                    conn.connect()
+                    break
+                except TimeoutError:
+                    conn.close()
+                    if time.monotonic() >= deadline:
+                        raise
+            if tries > 1:
+                log.debug("connected to %s:%d at the %d. try", address, port, tries)
             assert conn.sock is not None
+            conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
             with self._watchdog.guard(conn.sock, deadline) as alarm:
                 conn.request("POST", agent_plan.PATH, body, {"Content-Type": "application/json",
                                                              "Connection": "close"})
