@@ -199,6 +199,10 @@ def test_pod_ips_per_node_and_reuse_after_reboot() -> None:
     assert podspec.pick_pod_ip({"status": {"podIP": "10.100.4.9"}}, mine, {"10.100.3.2"}) == "10.100.3.3"
     with pytest.raises(RuntimeError, match="out of pod IPs"):
         podspec.pick_pod_ip({}, mine, set(mine))
+    # New pods do not take a just-freed address (a stale neighbour entry would black-hole them for ~8 s)
+    picks = [podspec.pick_pod_ip({"metadata": {"uid": f"uid-{i}"}}, mine, set()) for i in range(20)]
+    assert len(set(picks)) >= 15 and picks == [podspec.pick_pod_ip({"metadata": {"uid": f"uid-{i}"}}, mine, set())
+                                                for i in range(20)]
 
 
 @pytest.mark.parametrize(("policy", "code", "restart"), [
