@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 
 from e2e.cluster import ClusterLike, wait_for
-from e2e.support import HOST_DIR, MOUNT, events, get_job, job_pods, wait_phase
+from e2e.support import HOST_DIR, MOUNT, events, get_job, job_pods, running_attempt, wait_phase
 from resilient_contract import lineage, storage
 from resilient_operator import constants as c
 
@@ -238,3 +239,46 @@ def fenced_gang_outcome(cluster: Any, ns: str, name: str, node: str, root: Path,
     assert writer == (uid, 2), (latest, writer)
     state = torch.load(root.with_suffix(".pt"), weights_only=False)
     return final, relative_difference(reference_model, state["model"])
+
+
+def wait_steps(cluster: ClusterLike, ns: str, pod: str, steps: int, timeout: float = 120) -> None:
+    wait_for(lambda: len(re.findall(r"^RTJ_STEP ", trainer_log(cluster, ns, pod), re.M)) >= steps, timeout,
+             f"{steps} steps in {pod}")
+
+
+PREEMPTED = re.compile(r"^RTJ_PREEMPTED step=(\d+)", re.M)
+
+
+def moved_at_its_step(cluster: ClusterLike, ns: str, name: str, old: list[Any], node: str, t0: float,
+                      old_log: Callable[[], str] | None = None) -> dict[str, Any]:
+    """The new attempt runs without `node`, resumed from the step the old one was stopped at, and its
+    goodput matches what the harness saw. Returns the figures. `old_log`: the old rank 0's log, where the
+    cluster forgets a deleted pod's log (kind; the local cluster keeps it)."""
+    new = running_attempt(cluster, ns, name, 2, len(old), timeout=180)
+    assert node not in {p.spec.node_name for p in new}
+    rank0_old = next(p.metadata.name for p in old if p.metadata.labels[c.LABEL_RANK] == "0")
+    stopped = PREEMPTED.search(old_log() if old_log else trainer_log(cluster, ns, rank0_old))
+    assert stopped, "the old gang did not take the SIGTERM checkpoint path"
+    status = get_job(cluster, ns, name)["status"]
+    assert status["resumedFrom"]["step"] == int(stopped.group(1))
+    assert status["restarts"] == {"infrastructure": 0, "application": 0, "planned": 1}
+    rank0 = next(p.metadata.name for p in new if p.metadata.labels[c.LABEL_RANK] == "0")
+    first = rf"^RTJ_STEP step={int(stopped.group(1)) + 1}\b"
+    wait_for(lambda: re.search(first, trainer_log(cluster, ns, rank0), re.M), 120, "the first step after the restart")
+    t1 = time.monotonic()
+
+    def closed() -> dict[str, Any] | None:
+        gp = get_job(cluster, ns, name)["status"].get("goodput") or {}
+        return gp if gp.get("recoveries") == 1 else None
+
+    gp = wait_for(closed, 60, "the recovery accounted in status.goodput")
+    lost = sum(gp["lost"].values())
+    truth = t1 - t0
+    print(f"\ndrain of {node}: stopped at step {stopped.group(1)}, resumed at {status['resumedFrom']['step']}, "
+          f"steps recomputed {gp['stepsRecomputed']}; lost {lost:.1f}s by stage {gp['lost']} vs "
+          f"{truth:.1f}s measured by the harness (cordon -> first new step)")
+    assert gp["stepsRecomputed"] == 0 and gp["lost"]["recompute"] == 0
+    # the harness polls logs every ~0.1 s and the operator stamps whole milliseconds: a few seconds at most
+    assert abs(lost - truth) <= 4.0, (lost, truth)
+    assert any(e.startswith(c.REASON_DRAIN) and node in e for e in events(cluster, ns, name))
+    return gp
