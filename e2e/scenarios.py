@@ -246,6 +246,15 @@ def wait_steps(cluster: ClusterLike, ns: str, pod: str, steps: int, timeout: flo
              f"{steps} steps in {pod}")
 
 
+def drain(cluster: ClusterLike, ns: str, name: str, node: str, timeout: int = 150) -> None:
+    """`kubectl drain` of `node` (the Eviction API against the job's PodDisruptionBudget): it completes, and no
+    pod of the job is left on the node."""
+    drained = cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={timeout}s",
+                              check=False, timeout=timeout + 30)
+    assert drained.returncode == 0, drained.stderr
+    assert not [p for p in job_pods(cluster, ns, name) if p.spec.node_name == node]
+
+
 PREEMPTED = re.compile(r"^RTJ_PREEMPTED step=(\d+)", re.M)
 
 

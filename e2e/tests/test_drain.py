@@ -14,7 +14,7 @@ import pytest
 
 from e2e import scenarios
 from e2e.cluster import ClusterLike, wait_for
-from e2e.support import job_pods, node_of, running_attempt
+from e2e.support import node_of, running_attempt
 
 pytestmark = [pytest.mark.cluster]
 
@@ -59,10 +59,7 @@ def test_kubectl_drain_completes_and_the_job_continues_from_its_step(cluster: Cl
     node = node_of(old, "2")
     t0 = time.monotonic()
     try:
-        drained = cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=150s",
-                                  check=False, timeout=180)
-        assert drained.returncode == 0, drained.stderr
-        assert not [p for p in job_pods(cluster, ns, name) if p.spec.node_name == node]
+        scenarios.drain(cluster, ns, name, node)
         scenarios.moved_at_its_step(cluster, ns, name, old, node, t0)
         wait_for(lambda: cluster.kubectl("get", "pdb", "-n", ns, "-o", "name").stdout.split()
                  == [f"poddisruptionbudget.policy/{name}-a2"], 30, "the old attempt's budget released")

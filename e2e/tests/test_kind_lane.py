@@ -115,10 +115,7 @@ def test_kubectl_drain_of_a_kind_worker_moves_the_gang_at_its_current_step(lane:
                                     stdout=out, stderr=subprocess.STDOUT, env=cl.tool_env())
     t0 = time.monotonic()
     try:
-        drained = cl.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=240s",
-                             check=False, timeout=300)
-        assert drained.returncode == 0, drained.stderr
-        assert not [p for p in job_pods(cl, ns, name) if p.spec.node_name == node]
+        scenarios.drain(cl, ns, name, node, timeout=240)
         gp = scenarios.moved_at_its_step(cl, ns, name, old, node, t0, old_log=log.read_text)
         lane.timings["drain -> first new step (goodput lost)"] = round(sum(gp["lost"].values()), 1)
     finally:
