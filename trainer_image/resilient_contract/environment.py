@@ -23,6 +23,10 @@ JOB_NAME = "RTJ_JOB_NAME"
 JOB_UID = "RTJ_JOB_UID"  # the job object's uid: fencing tokens name the job incarnation (lineage.py)
 DESIRED_NNODES = "RTJ_DESIRED_NNODES"  # the job's desired worker count, for logs and grow-back
 CHECKPOINT_KEEP = "RTJ_CHECKPOINT_KEEP"  # spec.checkpoint.keep: complete checkpoints the trainer retains
+# spec.checkpoint.localStaging: the pod's node-local directory (an emptyDir the operator mounts) where a save's
+# shards land first, before they are uploaded to the root; absent: shards go straight to the root
+LOCAL_CHECKPOINT_DIR = "RTJ_LOCAL_CHECKPOINT_DIR"
+LOCAL_CHECKPOINT_MOUNT = "/var/run/rtj/checkpoint-local"  # where the operator mounts that emptyDir
 
 ALL_NAMES = (
     MASTER_ADDR,
@@ -37,6 +41,7 @@ ALL_NAMES = (
     JOB_UID,
     DESIRED_NNODES,
     CHECKPOINT_KEEP,
+    LOCAL_CHECKPOINT_DIR,
 )
 
 DEFAULT_MASTER_PORT = 29500
@@ -136,6 +141,12 @@ def checkpoint_keep(environ: Mapping[str, str] | None = None) -> int:
     CRD's default (a script run outside the operator)."""
     env = os.environ if environ is None else environ
     return _integer(CHECKPOINT_KEEP, env.get(CHECKPOINT_KEEP) or str(DEFAULT_CHECKPOINT_KEEP), 1)
+
+
+def local_checkpoint_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The node-local directory a save's shards land in first (spec.checkpoint.localStaging), or None."""
+    env = os.environ if environ is None else environ
+    return env.get(LOCAL_CHECKPOINT_DIR) or None
 
 
 def resume_from(environ: Mapping[str, str] | None = None) -> str | None:
