@@ -9,8 +9,9 @@
 # with the kernel's autogroup scheduling (on by default) every session is weighted equally whatever its
 # niceness, and every cluster process and pod here starts a session of its own. So each lane runs in a CPU
 # cgroup of its own where the machine lets us make one (cgroup v1 `cpu` or v2 `cpu.weight`; CI runs as
-# root): the cluster lane weighted 16x the side lane, the side lane niced inside its own. The cgroups are
-# removed at the end. The cluster lane prints as it goes; the side lane's output follows when both are done,
+# root): the cluster lane weighted 3x the side lane and kind's engine 2x (16x starved kind's nodes: no
+# training step in 300 s), the side lane niced inside its own. The cgroups are removed at the end, and the
+# CPU time each lane used is printed. The cluster lane prints as it goes; the side lane's output follows when both are done,
 # and is also kept in .test-logs/. Exit status: non-zero if either lane failed.
 set -uo pipefail
 py=$1
@@ -19,37 +20,60 @@ logs=.test-logs
 mkdir -p "$logs"
 tmp=$(mktemp -d /tmp/rtj-side-lane.XXXXXX)
 
-# lane_cgroup NAME WEIGHT(1..10000, v2's scale; v1 shares = WEIGHT*1024/100): the new cgroup's directory, or
-# nothing where none can be made (no cpu controller, not root): then the lanes run as before, niced only.
-cg_v1=/sys/fs/cgroup/cpu
-cg_v2=/sys/fs/cgroup
-lane_cgroup() {
-  local dir
-  if [[ -w $cg_v1/cgroup.procs && -f $cg_v1/cpu.shares ]]; then
-    dir=$cg_v1/rtj-lane-$1-$$
-    mkdir "$dir" 2>/dev/null && echo $(($2 * 1024 / 100)) >"$dir/cpu.shares" 2>/dev/null && echo "$dir"
-  elif [[ -w $cg_v2/cgroup.procs ]] && grep -qw cpu "$cg_v2/cgroup.subtree_control" 2>/dev/null; then
-    dir=$cg_v2/rtj-lane-$1-$$
-    mkdir "$dir" 2>/dev/null && echo "$2" >"$dir/cpu.weight" 2>/dev/null && echo "$dir"
-  fi
+# CPU cgroups (v1 `cpu` + `cpuacct`, or v2), weights on v2's scale (v1 cpu.shares = weight * 1024 / 100). Kind's
+# engine puts its containers under /rtj-docker (hack/kind/docker.sh), outside both lanes: it gets a weight too,
+# or the kind lane's nodes would starve while the cluster lane is busy. Where no cgroup can be made (no cpu
+# controller, not root) the lanes run as before, niced only.
+CLUSTER_WEIGHT=${RTJ_CLUSTER_LANE_WEIGHT:-300}
+SIDE_WEIGHT=${RTJ_SIDE_LANE_WEIGHT:-100}
+ENGINE_WEIGHT=${RTJ_KIND_ENGINE_WEIGHT:-200}
+cg=/sys/fs/cgroup
+if [[ -f $cg/cpu/cpu.shares && -w $cg/cpu/cgroup.procs ]]; then cg_mode=v1
+elif [[ -w $cg/cgroup.procs ]] && grep -qw cpu "$cg/cgroup.subtree_control" 2>/dev/null; then cg_mode=v2
+else cg_mode=none; fi
+cluster_cg=rtj-lane-cluster-$$
+side_cg=rtj-lane-side-$$
+weigh() {  # weigh CGROUP WEIGHT: make it (in each hierarchy we use) and set its CPU weight
+  case $cg_mode in
+    v1) mkdir -p "$cg/cpu/$1" "$cg/cpuacct/$1" && echo $(($2 * 1024 / 100)) >"$cg/cpu/$1/cpu.shares" ;;
+    v2) mkdir -p "$cg/$1" && echo "$2" >"$cg/$1/cpu.weight" ;;
+  esac
 }
-cluster_cg=$(lane_cgroup cluster 1600)
-side_cg=$(lane_cgroup side 100)
-join() { [[ -n $1 ]] && echo "${2:-$BASHPID}" >"$1/cgroup.procs"; }
-cleanup_cgroups() {  # back to the root, then remove both (a leftover process keeps one: say so, leave it)
-  local root dir
-  for dir in "$cluster_cg" "$side_cg"; do
-    [[ -n $dir ]] || continue
-    root=$(dirname "$dir")
-    while read -r pid; do echo "$pid" >"$root/cgroup.procs" 2>/dev/null; done <"$dir/cgroup.procs"
-    rmdir "$dir" 2>/dev/null || echo "note: could not remove $dir (a process is still in it)" >&2
+join() {  # join CGROUP: this (sub)shell and all it starts
+  case $cg_mode in
+    v1) echo "$BASHPID" >"$cg/cpu/$1/cgroup.procs" && echo "$BASHPID" >"$cg/cpuacct/$1/cgroup.procs" ;;
+    v2) echo "$BASHPID" >"$cg/$1/cgroup.procs" ;;
+  esac
+}
+cpu_seconds() {  # the CPU time a lane's processes used (not those that moved to cgroups of their own)
+  case $cg_mode in
+    v1) echo $(($(cat "$cg/cpuacct/$1/cpuacct.usage") / 1000000000)) ;;
+    v2) awk '$1 == "usage_usec" {print int($2 / 1000000)}' "$cg/$1/cpu.stat" ;;
+  esac
+}
+cleanup_cgroups() {  # back to the root, then remove the lanes' cgroups and give the engine's its default weight
+  local name dir pid
+  [[ $cg_mode != none ]] || return 0
+  for name in "$cluster_cg" "$side_cg"; do
+    for dir in "$cg/cpu/$name" "$cg/cpuacct/$name" "$cg/$name"; do
+      [[ -f $dir/cgroup.procs ]] || continue
+      while read -r pid; do echo "$pid" >"$(dirname "$dir")/cgroup.procs" 2>/dev/null; done <"$dir/cgroup.procs"
+      rmdir "$dir" 2>/dev/null || echo "note: could not remove $dir (a process is still in it)" >&2
+    done
   done
+  weigh rtj-docker 100 2>/dev/null || true
 }
-[[ -n $cluster_cg ]] && echo ">> lanes in CPU cgroups: $cluster_cg (the cluster lane, weight 1600), $side_cg (the side lane, 100)"
+if [[ $cg_mode != none ]] && weigh "$cluster_cg" "$CLUSTER_WEIGHT" && weigh "$side_cg" "$SIDE_WEIGHT" \
+    && weigh rtj-docker "$ENGINE_WEIGHT"; then
+  echo ">> CPU weights ($cg_mode cgroups): the cluster lane $CLUSTER_WEIGHT, the side lane $SIDE_WEIGHT, kind's engine $ENGINE_WEIGHT"
+else
+  cleanup_cgroups 2>/dev/null; cg_mode=none
+  echo ">> no CPU cgroups here: the side lane runs niced only"
+fi
 
 side() {
   local rc=0
-  join "$side_cg"
+  [[ $cg_mode == none ]] || join "$side_cg"
   nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider --basetemp="$tmp/unit" -o timeout=600 "$@" \
     >"$logs/unit.log" 2>&1 || rc=1
   nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider --basetemp="$tmp/own" "$@" \
@@ -59,16 +83,17 @@ side() {
 side "$@" &
 side_pid=$!
 trap 'kill "$side_pid" 2>/dev/null; rm -rf "$tmp"; cleanup_cgroups' EXIT
-( join "$cluster_cg"; exec "$py" -m pytest -m "cluster and not own_cluster" "$@" )
+( [[ $cg_mode == none ]] || join "$cluster_cg"; exec "$py" -m pytest -m "cluster and not own_cluster" "$@" )
 cluster_rc=$?
 wait "$side_pid"
 side_rc=$?
 trap - EXIT
 rm -rf "$tmp"
+[[ $cg_mode == none ]] || cpu_used="the cluster lane $(cpu_seconds "$cluster_cg") CPU-s, the side lane $(cpu_seconds "$side_cg") CPU-s (real nodes' and kind's own cgroups not counted)"
 cleanup_cgroups
 echo "================ the side lane, part 1: no cluster (ran beside the cluster lane; .test-logs/unit.log) ================"
 cat "$logs/unit.log"
 echo "================ the side lane, part 2: own clusters (.test-logs/own-cluster.log) ================"
 cat "$logs/own-cluster.log"
-echo "cluster lane: exit ${cluster_rc}; side lane: exit ${side_rc}"
+echo "cluster lane: exit ${cluster_rc}; side lane: exit ${side_rc}${cpu_used:+; $cpu_used}"
 ((cluster_rc == 0 && side_rc == 0))
