@@ -11,7 +11,9 @@ the termination message and only then starts the next generation with the plan's
 script never runs twice at once in one pod, and no worker of attempt N outlives the start of N+1.
 
 A generation whose worker failed because a peer went away (it left resilient_trainer.worker's peer-lost
-marker) does not end the pod at once: that pod is one the operator wants to keep, so the agent lingers
+marker), or whose gang was stopped by a peer (a peer's agent took its plan first: every rank saved and exited
+RTJ_PREEMPTED, though nobody stopped this pod), does not end the pod at once: that pod is one the operator
+wants to keep, and its own plan may be a moment behind, so the agent lingers
 `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that generation's status and termination message as
 the plain launcher would. A hang ends the pod at once with RTJ_HUNG, as before: the operator learns of a hang
 only from a pod that ended, and every pod of a hung gang stalls together, so lingering would hold them all
@@ -427,16 +429,32 @@ class Agent:
                 if self.current is not gen:
                     continue  # a plan replaced it
                 gen.watchdog.stop()
-                if code != 0 and not self.terminating and self.cfg.linger > 0 and not gen.hung and gen.lost_a_peer():
+                why = self._may_carry_on(gen, code)
+                if why:
                     self.state = LINGERING
-                    self.log(f"attempt {gen.attempt} lost a peer (exit {code}): "
-                             f"waiting {self.cfg.linger:g} s for a plan")
+                    self.log(f"attempt {gen.attempt} {why} (exit {code}): waiting {self.cfg.linger:g} s for a plan")
                     self._park()  # the CPU is free now
                     self.cond.wait_for(functools.partial(self._moved_on, gen), self.cfg.linger)
                     if self.current is not gen:
                         continue
                 self.state, self.closed = EXITING, True
                 return code
+
+    def _may_carry_on(self, gen: Generation, code: int) -> str | None:
+        """Why this pod should wait for a plan rather than end with its generation (None: end now).
+
+        A peer gone (the worker's marker), or the gang stopped by a peer: a peer's agent took its plan and
+        SIGTERMed its workers, whose preemption flag rides every step's all-reduce, so every rank here saved and
+        exited 143 (RTJ_PREEMPTED) though nobody stopped this pod; its own plan may be a moment behind. A pod
+        SIGTERMed itself (`terminating`), a hang and a script's own error end the pod as before."""
+        if code == 0 or self.terminating or self.cfg.linger <= 0 or gen.hung:
+            return None
+        if gen.lost_a_peer():
+            return "lost a peer"
+        outcome = completion.read_termination_message(completion.termination_log_path(self.base))
+        if outcome is not None and outcome.kind == completion.PREEMPTED:
+            return "stopped with its gang (a peer was stopped)"
+        return None
 
     def _moved_on(self, gen: Generation) -> bool:
         return self.current is not gen or self.terminating
