@@ -66,6 +66,11 @@ Design choices and the traps they avoid:
   save it runs inline (the loop waits anyway).
 - Staging copies with `Tensor.copy_` (the GIL released) into buffers reused across saves
   (`staging.ReusingStager`): DCP's DefaultStager's `UntypedStorage.copy_` holds the GIL for the memcpy.
+- Two tiers (`tiered`), when `$RTJ_LOCAL_CHECKPOINT_DIR` (or `local_dir=`) names a node-local directory: the
+  shards are written there first and uploaded to the root by the upload (thread or writer process), and
+  `.metadata` is committed on the root only after every rank's shards landed there. Once committed, each rank
+  keeps that local copy (and removes its older one), so a recovery in place loads shards from it, each
+  verified against the root's manifest (a local copy that does not verify is re-read from the root).
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ from resilient_contract import environment, lineage
 from resilient_contract.storage import StorageError, check_step, parse_step_dir, read_lineage, step_dir_name, step_dirs
 from resilient_contract.storage.names import CORRUPT_FILE
 from resilient_trainer import dist as rdist
-from resilient_trainer import integrity, outcome, parallel, retention, staging, storage, upload
+from resilient_trainer import integrity, outcome, parallel, retention, staging, storage, tiered, upload
 from resilient_trainer.dist import DistContext
 from resilient_trainer.state import TrainState
 
@@ -164,6 +169,7 @@ class Checkpointer:
         allow_global_batch_change: bool = False,
         extra: dict[str, Any] | None = None,
         upload_in: str = "thread",
+        local_dir: str | None = None,
     ) -> None:
         rdist.require_context(ctx, "Checkpointer")
         if upload_in not in ("thread", "process"):
@@ -190,6 +196,12 @@ class Checkpointer:
         self.upload_niceness = upload_niceness
         self.allow_global_batch_change = allow_global_batch_change
         self.writer_factory = writer_factory or self.storage.writer
+        # None: the node-local tier the operator mounted ($RTJ_LOCAL_CHECKPOINT_DIR), if any (see `tiered`)
+        self.local_dir = local_dir or environment.local_checkpoint_dir()
+        if self.local_dir and tiered.overlap(self.local_dir, self.root):
+            raise CheckpointError(f"the local checkpoint directory {self.local_dir} overlaps the checkpoint root "
+                                  f"{self.root}: it must be a node-local directory of its own "
+                                  f"(${environment.LOCAL_CHECKPOINT_DIR})")
         self.extra = dict(extra or {})
         self.resumed_from: str | None = None
         # What the launcher or the operator asked this run to resume from; a save before loading it is refused.
@@ -325,7 +337,7 @@ class Checkpointer:
         state = self._state_dict()
         # the test hold is read here, not in the upload (a race with the test's own delenv)
         hold = os.environ.get(TEST_HOLD_METADATA_ENV) if self.attempt is not None else None
-        writer: StorageWriter = upload.GuardedWriter(self.writer_factory(path), path, self.ctx.world_size,
+        writer: StorageWriter = upload.GuardedWriter(self._storage_writer(path), path, self.ctx.world_size,
                                                      self._fence, hold)
         use_async = self.async_save if blocking is None else not blocking
         try:
@@ -362,6 +374,15 @@ class Checkpointer:
         self._after_save(path)
         self.last_blocked_s = time.perf_counter() - t0
         return path
+
+    def _storage_writer(self, path: str) -> StorageWriter:
+        inner = self.writer_factory(path)
+        if not self.local_dir:
+            return inner
+        if not tiered.supports(inner):
+            log.warning("writer %s cannot take a local tier: saving straight to the root", type(inner).__name__)
+            return inner
+        return tiered.TieredWriter(tiered.local_step_dir(self.local_dir, path), inner)  # type: ignore[arg-type]
 
     def pending(self) -> bool:
         """Whether a save is still in flight (not yet waited for)."""
@@ -415,6 +436,11 @@ class Checkpointer:
 
     def _after_save(self, path: str, background: bool = False) -> None:
         self.last_saved = path
+        if self.local_dir:  # every rank: keep this save's local copy, drop the older one
+            try:
+                tiered.commit_local(self.local_dir, path)
+            except OSError as exc:  # the local tier is a cache: never fail training over it
+                log.warning("cannot keep the local copy of %s: %s", path, exc)
         if self._retention is None:
             return
         protect = (storage.split(self.resumed_from)[1],) if self.resumed_from else ()
@@ -482,7 +508,8 @@ class Checkpointer:
         state = self._state_dict()
         configured_batch = self.train_state.global_batch
         try:
-            dcp.load(state, storage_reader=source.reader(path), process_group=self.ctx.checkpoint_group)
+            reader = source.reader(path, local=tiered.marked_step(self.local_dir, path))
+            dcp.load(state, storage_reader=reader, process_group=self.ctx.checkpoint_group)
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )

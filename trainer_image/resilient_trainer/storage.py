@@ -72,17 +72,26 @@ class Root:
 
         return FileSystemWriter(path, sync_files=True, overwrite=False)
 
-    def reader(self, path: str) -> StorageReader:
-        """DCP's reader for the path, verifying every item it loads against the checksum manifest (if any)."""
+    def reader(self, path: str, local: str | None = None) -> StorageReader:
+        """DCP's reader for the path, verifying every item it loads against the checksum manifest (if any);
+        with `local` (this node's committed copy of the step, see `tiered`), shards are read from there first."""
         from resilient_trainer.integrity import verifying_reader
 
+        base: type
+        options: dict[str, Any] = {}
         if self.object_store:
             from torch.distributed.checkpoint import FsspecReader
 
-            return verifying_reader(FsspecReader, path, **S3_STORAGE_OPTIONS)
-        from torch.distributed.checkpoint import FileSystemReader
+            base, options = FsspecReader, S3_STORAGE_OPTIONS
+        else:
+            from torch.distributed.checkpoint import FileSystemReader
 
-        return verifying_reader(FileSystemReader, path)
+            base = FileSystemReader
+        if local is not None:
+            from resilient_trainer.tiered import tiered_reader
+
+            return tiered_reader(base, path, local, **options)
+        return verifying_reader(base, path, **options)
 
 
 def open_root(uri: str) -> Root:

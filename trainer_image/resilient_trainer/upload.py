@@ -154,7 +154,9 @@ class GuardedWriter(StorageWriter):
         if present and len(present) != len(sums):
             raise UploadError(f"refusing to commit {self.path}: checksums from {len(present)} of {len(sums)} ranks")
         if present:  # durable before `.metadata` exists: a complete checkpoint always has its checksums
-            integrity.write_manifest(self.inner, integrity.manifest_bytes(present))
+            # on the root, also when the shards were written to a local tier first (tiered.TieredWriter)
+            target = getattr(self.inner, "commit_writer", self.inner)
+            integrity.write_manifest(target, integrity.manifest_bytes(present))
         while self.hold and not os.path.exists(self.hold):  # test-only: a rank 0 stalled right here
             time.sleep(0.1)
         if self.fence is not None and (newer := self.fence.newer_attempt()) is not None:
