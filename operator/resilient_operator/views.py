@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -22,15 +23,18 @@ from resilient_contract.storage import roots, s3
 from resilient_operator import constants as c
 from resilient_operator.core import timeutil
 from resilient_operator.core.model import (
+    LOCAL_STAGING_VOLUME,
     Admission,
     ElasticPolicy,
     FailurePolicy,
     Job,
     JobSpec,
     LaunchResume,
+    LocalStaging,
     NodeView,
     Placement,
     PodView,
+    StagingMedium,
     Taint,
     Termination,
     Toleration,
@@ -96,6 +100,7 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             share_root=spec["checkpoint"].get("shareRoot") is True,
             restart_strategy=(c.RestartStrategy.IN_PLACE if spec.get("restartStrategy") == c.RestartStrategy.IN_PLACE
                               else c.RestartStrategy.RECREATE),
+            local_staging=local_staging(_mapping(spec, "checkpoint"), template),
         )
     except SpecProblem:
         raise
@@ -189,6 +194,59 @@ def placement(template: Mapping[str, Any]) -> Placement:
         if not isinstance(term, Mapping) or not isinstance(term.get("matchFields", []), list):
             raise SpecProblem(f"{where}.affinity.nodeAffinity...nodeSelectorTerms[{i}] must be an object")
     return Placement(requests, selector, tuple(tolerations))
+
+
+MAX_STAGING_BYTES = 2**63 - 1  # what a Kubernetes quantity holds in bytes
+# A positive quantity of bytes: the CRD's CEL rule for sizeLimit, the same expression (no sign, no milli)
+SIZE_BYTES = re.compile(r"\+?([0-9]*[1-9][0-9]*\.?[0-9]*|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[kMGTPE]|[eE]\+?[0-9]+)?")
+
+
+def local_staging(checkpoint: Mapping[str, Any], template: Mapping[str, Any]) -> LocalStaging | None:
+    """spec.checkpoint.localStaging (None when absent: no local tier). The template may not already hold what
+    the operator adds for it (its volume, a mount at its path): the pod would be refused on every launch."""
+    where = "spec.checkpoint.localStaging"
+    raw = checkpoint.get("localStaging")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecProblem(f"{where} must be an object, not {type(raw).__name__}")
+    medium = raw.get("medium")
+    if medium is None:
+        medium = StagingMedium.DISK
+    if medium not in (StagingMedium.DISK, StagingMedium.MEMORY):
+        raise SpecProblem(f"{where}.medium must be {StagingMedium.DISK} or {StagingMedium.MEMORY}, "
+                          f"not {str(medium)[:40]!r}")
+    size = raw.get("sizeLimit")
+    if size is not None and not _positive_bytes(size):
+        raise SpecProblem(f"{where}.sizeLimit must be a positive size in bytes such as 200Gi, not {str(size)[:40]!r}")
+    pod = _mapping(template, "spec", "spec.template")
+    for i, volume in enumerate(_list(pod, "volumes", "spec.template.spec")):
+        if isinstance(volume, Mapping) and volume.get("name") == LOCAL_STAGING_VOLUME:
+            raise SpecProblem(f"spec.template.spec.volumes[{i}]: the volume name {LOCAL_STAGING_VOLUME} is the "
+                              f"operator's own ({where}); rename it")
+    for i, container in enumerate(_list(pod, "containers", "spec.template.spec")):
+        at = f"spec.template.spec.containers[{i}]"
+        for j, mount in enumerate(_list(container, "volumeMounts", at) if isinstance(container, Mapping) else []):
+            if not isinstance(mount, Mapping):
+                raise SpecProblem(f"{at}.volumeMounts[{j}] must be an object")
+            path = mount.get("mountPath")
+            if mount.get("name") == LOCAL_STAGING_VOLUME or (
+                    isinstance(path, str) and posixpath.normpath(path) == environment.LOCAL_CHECKPOINT_MOUNT):
+                raise SpecProblem(f"{at}.volumeMounts[{j}]: the operator mounts {LOCAL_STAGING_VOLUME} at "
+                                  f"{environment.LOCAL_CHECKPOINT_MOUNT} ({where}); remove this mount")
+    return LocalStaging(str(medium), None if size is None else str(size))
+
+
+def _positive_bytes(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return False
+    if isinstance(value, str) and not SIZE_BYTES.fullmatch(value):
+        return False  # also what parse_quantity would let through: " 5", "NaN", "10K"
+    try:
+        number = Decimal(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return False
+    return 1 <= number <= MAX_STAGING_BYTES
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -141,6 +141,12 @@ INVALID = [
     ("backoff above its max", dict(failurePolicy={"applicationBackoffSeconds": 600,
                                                  "maxApplicationBackoffSeconds": 60}),
      "applicationBackoffSeconds must be <="),
+    ("staging size zero", dict(checkpoint={"localStaging": {"sizeLimit": "0Gi"}}),
+     "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
+    ("staging size negative", dict(checkpoint={"localStaging": {"sizeLimit": -1}}),
+     "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
+    ("staging size not a quantity", dict(checkpoint={"localStaging": {"medium": "Memory", "sizeLimit": "lots"}}),
+     "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
 ]  # fmt: skip
 
 

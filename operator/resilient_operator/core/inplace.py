@@ -13,6 +13,7 @@ Pure: the same observations give the same answer, so a restarted operator reache
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
@@ -21,12 +22,18 @@ from typing import Any
 
 from resilient_operator import constants as c
 from resilient_operator.core.health import Health
-from resilient_operator.core.model import Job, OperatorConfig, PodView
+from resilient_operator.core.model import Job, LocalStaging, OperatorConfig, PodView
 
 
-def template_hash(template: Mapping[str, Any]) -> str:
-    """A short digest of spec.template: a pod rendered from another template is never reused."""
-    return hashlib.sha256(json.dumps(template, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+def template_hash(template: Mapping[str, Any], local_staging: LocalStaging | None = None) -> str:
+    """A short digest of spec.template and what else shapes the pod: a pod rendered from another is never reused.
+
+    spec.checkpoint.localStaging adds a volume, which a kept pod cannot gain: it counts as the template. Without
+    it the digest is the template's alone, as before, so pods of running jobs stay keepable across an upgrade."""
+    shaped: Any = template
+    if local_staging is not None:
+        shaped = {"template": template, "localStaging": dataclasses.asdict(local_staging)}
+    return hashlib.sha256(json.dumps(shaped, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def recreate_reason(job: Job, config: OperatorConfig) -> str | None:

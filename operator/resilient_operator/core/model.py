@@ -48,6 +48,24 @@ class Placement:
     tolerations: tuple[Toleration, ...]
 
 
+LOCAL_STAGING_VOLUME = "rtj-checkpoint-local"  # the emptyDir the operator adds for spec.checkpoint.localStaging
+
+
+class StagingMedium:
+    """spec.checkpoint.localStaging.medium: where the node-local emptyDir lives."""
+
+    DISK = "Disk"  # the node's ephemeral storage (emptyDir medium "")
+    MEMORY = "Memory"  # a tmpfs: counts against the pod's memory limit
+
+
+@dataclass(frozen=True)
+class LocalStaging:
+    """spec.checkpoint.localStaging: an emptyDir where a save's shards land before they are uploaded to the root."""
+
+    medium: str = StagingMedium.DISK
+    size_limit: str | None = None  # a Kubernetes quantity, as written (already checked to be a positive size)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     replicas: int
@@ -65,6 +83,7 @@ class JobSpec:
     bad_node_seconds: float = 3600.0  # spec.badNodeSeconds: how long a node that broke an attempt is avoided
     share_root: bool = False  # spec.checkpoint.shareRoot: may share its root with other jobs that opt in too
     restart_strategy: str = c.RestartStrategy.RECREATE  # spec.restartStrategy (core/inplace.py)
+    local_staging: LocalStaging | None = None  # spec.checkpoint.localStaging; None: shards go straight to the root
 
 
 @dataclass(frozen=True)

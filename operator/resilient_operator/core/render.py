@@ -18,7 +18,7 @@ from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core.drain import pdb_name
 from resilient_operator.core.inplace import template_hash
-from resilient_operator.core.model import Job
+from resilient_operator.core.model import LOCAL_STAGING_VOLUME, Job, LocalStaging, StagingMedium
 
 
 def pod_name(job: str, attempt: int, rank: int) -> str:
@@ -136,6 +136,18 @@ def avoid_nodes(spec: dict[str, Any], nodes: Sequence[str]) -> None:
         term.setdefault("matchFields", []).extend(copy.deepcopy(rules))
 
 
+def add_local_staging(spec: dict[str, Any], staging: LocalStaging) -> None:
+    """The node-local emptyDir a save's shards land in before their upload, mounted in every container that
+    gets the environment naming it (views.py refused templates that already use its name or path)."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"} if staging.medium == StagingMedium.MEMORY else {}
+    if staging.size_limit is not None:
+        empty_dir["sizeLimit"] = staging.size_limit
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": LOCAL_STAGING_VOLUME, "emptyDir": empty_dir}]
+    for container in spec["containers"]:
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []),
+                                     {"name": LOCAL_STAGING_VOLUME, "mountPath": environment.LOCAL_CHECKPOINT_MOUNT}]
+
+
 def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdict | None,
                  lost_nodes: Sequence[str] = (), master: str | None = None,
                  agent: Agent | None = None) -> dict[str, Any]:
@@ -152,7 +164,7 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         c.LABEL_ROLE: c.ROLE_WORKER,
     }
     annotations = {**(meta.get("annotations") or {}), c.ANNOTATION_REPLICAS: str(replicas),
-                   c.ANNOTATION_TEMPLATE_HASH: template_hash(job.spec.template)}
+                   c.ANNOTATION_TEMPLATE_HASH: template_hash(job.spec.template, job.spec.local_staging)}
     if resume:
         annotations[c.ANNOTATION_RESUME_FROM] = resume.path
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
@@ -168,6 +180,9 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         injected[plan.AGENT_PORT_ENV] = str(agent.port)
         injected[plan.PUBLIC_KEY_ENV] = agent.public_key
         injected[plan.LINGER_ENV] = f"{agent.linger_seconds:g}"
+    if job.spec.local_staging is not None:
+        injected[environment.LOCAL_CHECKPOINT_DIR] = environment.LOCAL_CHECKPOINT_MOUNT
+        add_local_staging(spec, job.spec.local_staging)
     uid_ref = [{"name": plan.POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}] if agent else []
     for container in spec["containers"]:
         env = [e for e in container.get("env") or [] if e.get("name") not in injected
