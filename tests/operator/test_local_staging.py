@@ -217,20 +217,14 @@ def lost_n3() -> dict[str, Any]:
     return nodes(node("n0"), node("n1"), node("n2"), node("n3", lease_age=25.0))
 
 
-DRAFT_FIX = ("core/steps/draft.py keep() still hashes spec.template alone: it must pass "
-             "inp.job.spec.local_staging to inplace.template_hash, as render does")
-
-
-@pytest.mark.xfail(strict=True, reason=DRAFT_FIX)
 def test_in_place_keeps_pods_rendered_with_the_same_staging() -> None:
     j = job(running_status(), **IN_PLACE, **staged(medium="Memory"))
-    current = inplace.template_hash(j.spec.template, j.spec.local_staging)
+    current = inplace.job_hash(j)
     pods = [pod(1, r, node_name=f"n{r}", template=current) for r in range(4)]
     plan = reconcile(j, pods, lost_n3(), listing(40), NOW, config=CONFIG)
     assert plan.force_delete == ["demo-a1-3"] and plan.delete == []  # the survivors carry on, local copy and all
 
 
-@pytest.mark.xfail(strict=True, reason=DRAFT_FIX)
 def test_in_place_recreates_pods_rendered_before_staging_was_set() -> None:
     j = job(running_status(), **IN_PLACE, **staged())
     plan = reconcile(j, gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)  # pods of the template alone

@@ -36,6 +36,11 @@ def template_hash(template: Mapping[str, Any], local_staging: LocalStaging | Non
     return hashlib.sha256(json.dumps(shaped, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def job_hash(job: Job) -> str:
+    """The digest this job's pods carry (render stamps it; a pod whose digest differs is never kept)."""
+    return template_hash(job.spec.template, job.spec.local_staging)
+
+
 def recreate_reason(job: Job, config: OperatorConfig) -> str | None:
     """Why this job's recoveries recreate every pod (None: in place where pods can be kept)."""
     if job.spec.restart_strategy != c.RestartStrategy.IN_PLACE:

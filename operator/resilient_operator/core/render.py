@@ -17,7 +17,7 @@ from resilient_contract.environment import WorkerEnv
 from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
 from resilient_operator.core.drain import pdb_name
-from resilient_operator.core.inplace import template_hash
+from resilient_operator.core.inplace import job_hash
 from resilient_operator.core.model import LOCAL_STAGING_VOLUME, Job, LocalStaging, StagingMedium
 
 
@@ -164,7 +164,7 @@ def pod_manifest(job: Job, attempt: int, rank: int, replicas: int, resume: Verdi
         c.LABEL_ROLE: c.ROLE_WORKER,
     }
     annotations = {**(meta.get("annotations") or {}), c.ANNOTATION_REPLICAS: str(replicas),
-                   c.ANNOTATION_TEMPLATE_HASH: template_hash(job.spec.template, job.spec.local_staging)}
+                   c.ANNOTATION_TEMPLATE_HASH: job_hash(job)}
     if resume:
         annotations[c.ANNOTATION_RESUME_FROM] = resume.path
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)

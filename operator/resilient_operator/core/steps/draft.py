@@ -144,7 +144,7 @@ class Draft:
         if inplace.recreate_reason(inp.job, inp.config):
             return []
         avoid = set(inp.health.lost_names) | set(inp.draining) | set(self.bad_nodes(inp.now))
-        return inplace.keepable(self.current(inp), inp.health, avoid, inplace.template_hash(inp.job.spec.template))
+        return inplace.keepable(self.current(inp), inp.health, avoid, inplace.job_hash(inp.job))
 
     def fence_all_but_kept(self, inp: Inputs, pods: Sequence[PodView]) -> None:
         """Fence the pods that cannot carry on in place (all of them when the job recreates)."""
