@@ -141,11 +141,11 @@ INVALID = [
     ("backoff above its max", dict(failurePolicy={"applicationBackoffSeconds": 600,
                                                  "maxApplicationBackoffSeconds": 60}),
      "applicationBackoffSeconds must be <="),
-    ("staging size zero", dict(checkpoint={"localStaging": {"sizeLimit": "0Gi"}}),
+    ("staging size zero", dict(checkpoint={"root": "/ckpt/x", "localStaging": {"sizeLimit": "0Gi"}}),
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
-    ("staging size negative", dict(checkpoint={"localStaging": {"sizeLimit": -1}}),
+    ("staging size negative", dict(checkpoint={"root": "/ckpt/x", "localStaging": {"sizeLimit": -1}}),
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
-    ("staging size not a quantity", dict(checkpoint={"localStaging": {"medium": "Memory", "sizeLimit": "lots"}}),
+    ("staging size not a quantity", dict(checkpoint={"root": "/ckpt/x", "localStaging": {"medium": "Memory", "sizeLimit": "lots"}}),
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
 ]  # fmt: skip
 
