@@ -129,6 +129,11 @@ for b in /usr/sbin/xtables-nft-multi /usr/sbin/conntrack; do
   for lib in $(ldd "$b" | grep -o '/[^ ]*'); do mkdir -p "$C/proxy$(dirname "$lib")"; cp -L "$lib" "$C/proxy$lib"; done
 done
 mkdir -p "$C/proxy/usr/lib/x86_64-linux-gnu"; cp -r /usr/lib/x86_64-linux-gnu/xtables "$C/proxy/usr/lib/x86_64-linux-gnu/"
+# ...and what the match/target plugins link that the binaries do not (libxt_statistic needs libm: without it
+# iptables-restore fails as soon as a Service has two endpoints, kube-dns first, and no Service works)
+for so in /usr/lib/x86_64-linux-gnu/xtables/*.so; do
+  for lib in $(ldd "$so" | grep -o '/[^ ]*'); do mkdir -p "$C/proxy$(dirname "$lib")"; cp -L "$lib" "$C/proxy$lib"; done
+done
 for n in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
   ln -s xtables-nft-multi "$C/proxy/usr/sbin/$n"
 done
