@@ -9,8 +9,8 @@
 # with the kernel's autogroup scheduling (on by default) every session is weighted equally whatever its
 # niceness, and every cluster process and pod here starts a session of its own. So each lane runs in a CPU
 # cgroup of its own where the machine lets us make one (cgroup v1 `cpu` or v2 `cpu.weight`; CI runs as
-# root): the cluster lane weighted 3x the side lane and kind's engine 2x (16x starved kind's nodes: no
-# training step in 300 s), the side lane niced inside its own. The cgroups are removed at the end, and the
+# root): the cluster lane weighted 3x the side lane and kind's engine 2x (kind's nodes run a whole cluster
+# for the side lane's kind tests), the side lane niced inside its own. The cgroups are removed at the end, and the
 # CPU time each lane used is printed. The cluster lane prints as it goes; the side lane's output follows when both are done,
 # and is also kept in .test-logs/. Exit status: non-zero if either lane failed.
 set -uo pipefail
