@@ -145,7 +145,8 @@ INVALID = [
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
     ("staging size negative", dict(checkpoint={"root": "/ckpt/x", "localStaging": {"sizeLimit": -1}}),
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
-    ("staging size not a quantity", dict(checkpoint={"root": "/ckpt/x", "localStaging": {"medium": "Memory", "sizeLimit": "lots"}}),
+    ("staging size not a quantity",
+     dict(checkpoint={"root": "/ckpt/x", "localStaging": {"medium": "Memory", "sizeLimit": "lots"}}),
      "spec.checkpoint.localStaging.sizeLimit must be a positive size in bytes"),
 ]  # fmt: skip
 
