@@ -49,6 +49,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+from torch.distributed.checkpoint.staging import DefaultStager
 
 from resilient_trainer import dist as rdist
 from resilient_trainer import parallel, staging
@@ -161,12 +163,24 @@ LABELS = {
 }
 
 
+class _DefaultStagerAnyTorch(DefaultStager):
+    """DCP's DefaultStager, reusable on torch 2.9-2.11 too: those close its state-dict stager after every stage
+    (its copy table emptied: the next save fails), so a closed one is replaced, as those versions would need."""
+
+    def _stage(self, state_dict: Any, **kwargs: Any) -> Any:
+        if not self._state_dict_stager._deepcopy_dispatch:
+            self._state_dict_stager = StateDictStager(pin_memory=self._config.use_pinned_memory,
+                                                      share_memory=self._config.use_shared_memory)
+        return super()._stage(state_dict, **kwargs)
+
+
 class Saver:
     """One way of saving, with the same interface for the loop: start(step), before_step(), done(), wait()."""
 
     def __init__(self, kind: str, model: nn.Module, opt: torch.optim.Optimizer, ctx: rdist.DistContext,
                  root: Path) -> None:
         self.kind, self.model, self.opt, self.ctx, self.root = kind, model, opt, ctx, root
+        root.mkdir(parents=True, exist_ok=True)
         self.ckpt: Checkpointer | None = None
         self.future: Any = None
         self.staging: Any = None
@@ -176,11 +190,9 @@ class Saver:
                                      upload_in="process" if kind == "ckpt_process" else "thread")
             self.ckpt._hook.remove()  # the loop below calls before_step() itself, for every variant alike
             if kind == "ckpt_before":
-                from torch.distributed.checkpoint.staging import DefaultStager
-
                 assert self.ckpt._stager is not None
                 self.ckpt._stager.close()
-                self.ckpt._stager = DefaultStager(staging.options(ctx.device))  # type: ignore[assignment]
+                self.ckpt._stager = _DefaultStagerAnyTorch(staging.options(ctx.device))  # type: ignore[assignment]
 
     def start(self, step: int) -> None:
         from torch.distributed.checkpoint import FileSystemWriter

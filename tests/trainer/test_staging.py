@@ -32,6 +32,24 @@ def test_staged_copy_is_exact_and_reuses_its_buffers() -> None:
         stager.close()
 
 
+def test_buffers_survive_dcp_closing_the_stager_after_each_stage() -> None:
+    """torch 2.9-2.11's DefaultStager closes its state-dict stager after every stage; the second save of a
+    reused stager then failed (`KeyError: <class 'type'>`, on an H200 with torch 2.11) and nothing was reused."""
+    stager = staging.ReusingStager(staging.options(torch.device("cpu")))
+    try:
+        weight = torch.randn(100, 10)
+        state = {"model": {"w": weight}, "step": 3, "names": ("a", int)}
+        first = staging.stage(stager, state)
+        stager._state_dict_stager.close()  # what those versions' _stage does after each copy
+        weight.add_(1.0)
+        second = staging.stage(stager, state)
+        assert torch.equal(second["model"]["w"], weight) and second["names"] == ("a", int)
+        assert second["model"]["w"].untyped_storage().data_ptr() == first["model"]["w"].untyped_storage().data_ptr()
+    finally:
+        stager.close()
+    assert stager.cached_bytes() == 0  # close() does release them
+
+
 def test_shared_staging_buffers_live_in_shared_memory() -> None:
     stager = staging.ReusingStager(staging.options(torch.device("cpu"), share=True))
     try:

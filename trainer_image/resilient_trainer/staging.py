@@ -34,7 +34,18 @@ def copy_storage(dst: UntypedStorage, src: UntypedStorage, non_blocking: bool = 
 
 
 class _GilFreeStateDictStager(StateDictStager):
-    """DCP's caching state-dict deep copy, with each storage copied by `copy_storage`."""
+    """DCP's caching state-dict deep copy, with each storage copied by `copy_storage`.
+
+    `close()` keeps it usable: torch 2.9-2.11's `DefaultStager._stage` closes its stager after every stage
+    (to break a reference cycle), which drops the cached buffers and empties the copy table, so the next save
+    failed with `KeyError: <class 'type'>` (seen on CUDA with torch 2.11). `release()` frees them for good.
+    """
+
+    def close(self) -> None:
+        """Called by DCP after each stage on some versions: the buffers and the table stay for the next save."""
+
+    def release(self) -> None:
+        super().close()
 
     def _stage_untyped_storage(self, storage: UntypedStorage, non_blocking: bool = False) -> UntypedStorage:
         cached = self._cached_storage_mapping.get(storage)
@@ -73,6 +84,12 @@ class ReusingStager(DefaultStager):
         self._state_dict_stager = _GilFreeStateDictStager(
             pin_memory=config.use_pinned_memory, share_memory=config.use_shared_memory
         )
+
+    def close(self) -> None:
+        super().close()
+        stager = self._state_dict_stager
+        if isinstance(stager, _GilFreeStateDictStager):
+            stager.release()
 
     def cached_bytes(self) -> int:
         """Bytes of staging buffers held for reuse."""
