@@ -134,9 +134,6 @@ def job_namespace(cluster: ClusterLike, request: pytest.FixtureRequest) -> Itera
     readable = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:36].strip("-")
     ns = f"t-{readable}-{digest}"
     yield from scratch_namespace(cluster, ns)
-    # The namespace controller deletes the pods too, but after an API-server restart it can take over a minute
-    # to act (79 s of one test's teardown in CI): delete them directly, gracefully (their nodes stop them).
-    cluster.kubectl("delete", "pods", "-n", ns, "-l", c.LABEL_JOB, "--wait=false", check=False)
     if isinstance(cluster, Partitionable):  # a test that froze an agent must not freeze the next
         for node in cluster.partitioned_nodes():
             cluster.heal_node(node)
