@@ -152,7 +152,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-
 def upload_mode(upload_in: str, device: torch.device) -> str:
     """'thread' or 'process' for `Checkpointer(upload_in=...)`; "auto" picks the process on CUDA only."""
     if upload_in == "auto":
@@ -160,6 +159,7 @@ def upload_mode(upload_in: str, device: torch.device) -> str:
     if upload_in not in ("thread", "process"):
         raise ValueError(f"Checkpointer(upload_in={upload_in!r}): 'auto', 'thread' or 'process'")
     return upload_in
+
 
 class Checkpointer:
     """Save/resume model, optimizer, scheduler and TrainState under one checkpoint root."""
