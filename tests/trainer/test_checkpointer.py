@@ -77,7 +77,6 @@ def test_optimizer_step_right_after_async_save_does_not_leak_into_it(ctx: DistCo
     loader.close()
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(("asked", "device", "mode"), [
     ("auto", "cuda", "process"),  # on an H200 the in-process upload cost the loop 36x more per save
     ("auto", "cpu", "thread"),    # on CPU a writer process competes with the step for the same cores
@@ -94,6 +93,7 @@ def test_an_unknown_upload_mode_is_refused_by_name(ctx: DistContext, tmp_path: P
         Checkpointer(str(tmp_path), model, opt, ctx=ctx, upload_in="threads")
 
 
+@pytest.mark.timeout(60)
 def test_fresh_directory_per_save(ctx: DistContext, tmp_path: Path) -> None:
     model, opt = make()
     ckpt = Checkpointer(str(tmp_path), model, opt, ctx=ctx, async_save=False)
