@@ -298,25 +298,24 @@ def crash_operator(cl: ClusterLike) -> int:
     return int(pid)
 
 
-def restart_operators(cl: ClusterLike) -> None:
-    """SIGKILL every replica's process at once (each container restarts in its pod): every process then runs
-    under the cluster's current RBAC. The pod the Lease names takes it back, as a lone operator would."""
+def replace_operator_pods(cl: ClusterLike, *, leading: bool = True) -> list[str]:
+    """Delete every replica's pod (gracefully: the leader releases its Lease) and wait until the Deployment's new
+    ones run their processes (and, if `leading`, one of them leads): fresh processes under the cluster's current
+    RBAC. Unlike killing the processes, no container restart and so no crash-loop backoff: it doubles with each
+    restart of the same container (to 10 s here, as the kubelet's does to 5 min), and a sweep of restarts would
+    pay it every time. Returns the new pods' names."""
+    old = {p.metadata.name for p in operator_pods(cl)}
+    cl.kubectl("delete", "pod", "-n", OPERATOR_NS, *sorted(old), "--wait=false")
 
-    pods = wait_for(lambda: (ps := operator_pods(cl)) and all(pod_pid(p) for p in ps) and ps, 60,
-                    "the operator processes")  # fmt: skip
-    before = {p.metadata.name: (pod_pid(p), sum(s.restart_count for s in (p.status.container_statuses or [])))
-              for p in pods}
-    for pid, _ in before.values():
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+    def running() -> list[str] | None:
+        pods = operator_pods(cl)
+        fresh = len(pods) >= operator_replicas(cl) and not old & {p.metadata.name for p in pods}
+        return [p.metadata.name for p in pods] if fresh and all(pod_pid(p) for p in pods) else None
 
-    def restarted() -> bool:
-        now = {p.metadata.name: p for p in operator_pods(cl)}
-        return all(name not in now or (sum(s.restart_count for s in (now[name].status.container_statuses or []))
-                                       > count and pod_pid(now[name]) not in (None, pid))
-                   for name, (pid, count) in before.items())
-
-    wait_for(restarted, 90, "every operator container restarted")
+    names = wait_for(running, 90, "new operator pods running")
+    if leading:
+        wait_operator_ready(cl)
+    return names
 
 
 def delete_operator_pod(cl: ClusterLike) -> None:
