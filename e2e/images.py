@@ -55,9 +55,10 @@ PYPI = "https://pypi.org/simple"  # download.pytorch.org is not reachable here; 
 # `import torch` loads, links cudart, cublas(Lt), cufft, cufile, cupti, cusparse(Lt), nccl, nvrtc, nvshmem_host
 # and cudnn's loader: those stay. Gone: triton (imported only by torch.compile), cudnn's engines and cusolver
 # (dlopened on first use), static libraries, device bitcode, headers, nvshmem's transports. The build checks
-# that torch still imports; the test runs gloo on it.
+# that torch still imports; the test runs gloo on it. Package metadata (*.dist-info) stays: the Dockerfile's
+# next layer installs our package, and pip would reinstall a dependency of torch's whose metadata is gone.
 CPU_PRUNE = (
-    "triton", "triton-*.dist-info", "nvidia/*/include", "nvidia/*/lib/*.a", "nvidia/*/lib/*.bc",
+    "triton", "nvidia/*/include", "nvidia/*/lib/*.a", "nvidia/*/lib/*.bc",
     "nvidia/cudnn/lib/libcudnn_*", "nvidia/cu13/lib/libcusolver*", "nvidia/cu13/lib/libnvJitLink*",
     "nvidia/cu13/lib/libnvperf*", "nvidia/cu13/lib/libnvblas*", "nvidia/cu13/lib/libcufftw*",
     "nvidia/cu13/lib/libcheckpoint.so", "nvidia/cu13/lib/libpcsamplingutil.so", "nvidia/cu13/lib/libnvrtc-builtins*",
@@ -214,7 +215,7 @@ def ensure_image(name: str) -> ImageRef:
             build_args = [f"--build-arg={k}={v}" for k, v in spec.build_args]
             started = time.monotonic()
             # --network host: RUN steps get the host's network as is; no CNI bridge touches the host's sysctls.
-            _run(["buildah", "bud", "--pull=never", "--runtime", RUNTIME, "--network", "host", "--layers=false",
+            _run(["buildah", "bud", "--pull=never", "--runtime", RUNTIME, "--network", "host", "--layers",
                   "-v", f"{HOST_CA}:/etc/ssl/certs/ca-certificates.crt:ro", *build_args,
                   "-f", str(ROOT / spec.dockerfile), "-t", spec.ref, str(ROOT)], 3600,
                  stdout=subprocess.DEVNULL if not os.environ.get("RTJ_IMAGES_VERBOSE") else None)
