@@ -63,7 +63,7 @@ class ClusterLike(Protocol):
     def apply(self, manifest: dict[str, Any] | list[dict[str, Any]] | str, namespace: str | None = ...) -> str: ...
     def get(self, kind: str, name: str, namespace: str | None = ...) -> dict[str, Any] | None: ...
     def wait_for_default_sa(self, namespace: str, timeout: float = ...) -> None: ...
-    def api_client(self) -> Any: ...
+    def api_client(self, *, shared: bool = ...) -> Any: ...
     def host_path(self, path: str) -> Path: ...
     def create_shared_pvc(self, name: str, namespace: str = ..., size: str = ...) -> Path: ...
     def pod_log(self, namespace: str, pod: str, container: str | None = ...) -> str: ...
@@ -150,13 +150,22 @@ class ClusterTools:
         result: dict[str, Any] = json.loads(res.stdout)
         return result
 
-    def api_client(self) -> Any:
-        """A `kubernetes.client.ApiClient` authenticated as cluster admin."""
-        from kubernetes import client, config
+    def api_client(self, *, shared: bool = True) -> Any:
+        """A `kubernetes.client.ApiClient` authenticated as cluster admin. The shared one is made once per cluster
+        and kept, so its connections are reused (urllib3 opens a new one when the API server has dropped one,
+        e.g. after a restart): a client per call parsed the kubeconfig and paid a TLS handshake, on both sides,
+        on every poll of every wait (in one node-loss test the pytest process took 17 CPU-s, more than the API
+        server). `shared=False`: a client of one's own, to change (e.g. an impersonation header)."""
+        cached = self.__dict__.get("_api_client") if shared else None
+        if cached is None:
+            from kubernetes import client, config
 
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
-        return client.ApiClient(cfg)
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+            cached = client.ApiClient(cfg)
+            if shared:
+                self.__dict__["_api_client"] = cached
+        return cached
 
     def create_shared_pvc(self, name: str, namespace: str = "default", size: str = "10Gi") -> Path:
         """A ReadWriteMany PVC bound to a hostPath PV under /rtj-shared (shared by every node on both

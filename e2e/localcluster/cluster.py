@@ -25,13 +25,20 @@ __all__ = ["DEFAULT_IMAGE_ENTRYPOINTS", "Cluster", "Component", "NodeHandle", "d
 
 DEFAULT_IMAGE_ENTRYPOINTS: dict[str, Any] = {
     # Images do not exist here. A substring of the image name maps to what the image would supply:
-    # ENTRYPOINT (`command`), CMD (`args`) and USER (`user`/`group`), from the project's Dockerfiles.
+    # ENTRYPOINT (`command`), CMD (`args`), USER (`user`/`group`) and ENV (`env`; not PATH, which is the
+    # venv's, nor HOME), from the project's Dockerfiles (tests/e2e_harness/test_image_map.py holds them to it).
     # A plain list is an entrypoint run as root.
     "resilient-training-operator": {"command": ["python", "-m", "resilient_operator"], "user": 65532,
-                                    "group": 65532},
+                                    "group": 65532,
+                                    "env": {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}},
     "resilient-training-trainer": {"command": ["rtj-launch", "--"],
                                    "args": ["-m", "resilient_trainer.examples.tiny_gpt"], "user": 1000,
-                                   "group": 1000},
+                                   "group": 1000,
+                                   # OMP_NUM_THREADS=1: without it each worker ran torch's intra-op pool at
+                                   # the machine's width beside the others (14% more CPU for the same run)
+                                   "env": {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+                                           "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                                           "OMP_NUM_THREADS": "1"}},
     "python": ["python"],
     "busybox": ["sh"],
 }

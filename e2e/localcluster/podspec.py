@@ -164,8 +164,11 @@ def expand(value: str, env: Mapping[str, str]) -> str:
 
 
 def container_env(ctx: PodContext, c: Mapping[str, Any], objects: Objects) -> dict[str, str]:
-    """The container's environment as the kubelet builds it: service variables, envFrom, then env in order."""
+    """The container's environment as the runtime and kubelet build it: the image's ENV, service variables,
+    envFrom, then env in order (PATH is always the project venv's: it stands in for the image's filesystem)."""
+    img = image_defaults(c.get("image", ""), ctx.image_entrypoints) or {}
     env = {
+        **img.get("env", {}),
         "PATH": f"{ctx.python_bin_dir}:{PATH}", "HOME": "/root", "HOSTNAME": ctx.hostname,
         "KUBERNETES_SERVICE_HOST": ctx.api_host, "KUBERNETES_SERVICE_PORT": str(ctx.api_port),
         "KUBERNETES_SERVICE_PORT_HTTPS": str(ctx.api_port),

@@ -33,7 +33,7 @@ def core(cluster: ClusterLike) -> client.CoreV1Api:
 
 def as_operator(cluster: ClusterLike, namespace: str) -> client.CoreV1Api:
     """A client that is the operator's ServiceAccount (impersonated by the admin): RBAC judges each call."""
-    api = cluster.api_client()
+    api = cluster.api_client(shared=False)  # its own: the header must not reach the suite's shared client
     api.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{SA}")
     return client.CoreV1Api(api)
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
+import json
+import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.localcluster import podspec
+from e2e.localcluster.cluster import DEFAULT_IMAGE_ENTRYPOINTS
 
 TABLE = {"resilient-training-trainer": {"command": ["rtj-launch", "--"], "args": ["-m", "tiny"], "user": 1000,
                                         "group": 1000},
@@ -245,3 +251,37 @@ def test_a_sandbox_that_fails_to_set_up_is_retried_until_it_works_as_the_kubelet
     calls.clear()
     runtime.setup_until_ready()
     assert calls == []
+
+
+def test_image_env_comes_first_and_the_container_env_overrides_it() -> None:
+    table = {"trainer": {"command": ["rtj-launch"], "env": {"OMP_NUM_THREADS": "1", "X": "image", "PATH": "/img"}}}
+    c = {"name": "main", "image": "ghcr.io/x/trainer:1", "env": [{"name": "X", "value": "pod"}]}
+    env = podspec.container_env(dataclasses.replace(ctx(), image_entrypoints=table), c, {})
+    assert env["OMP_NUM_THREADS"] == "1" and env["X"] == "pod"
+    assert env["PATH"].startswith("/venv/bin:")  # the venv stands in for the image's filesystem
+    assert "OMP_NUM_THREADS" not in podspec.container_env(ctx(), {"name": "m", "image": "python:3.11"}, {})
+
+
+def _dockerfile_final_stage(path: Path) -> tuple[dict[str, str], str, list[str], list[str]]:
+    """The last stage's ENV (continuation lines joined), USER, ENTRYPOINT and CMD."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    stage = re.split(r"^FROM .*$", text, flags=re.M)[-1]
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV (.*)$", stage, re.M):
+        env.update(shlex.split(pair)[0].split("=", 1) for pair in line.split())  # type: ignore[misc]
+    user = re.findall(r"^USER (\S+)$", stage, re.M)[-1]
+    entry = re.findall(r"^ENTRYPOINT (\[.*\])$", stage, re.M)
+    cmd = re.findall(r"^CMD (\[.*\])$", stage, re.M)
+    return env, user, json.loads(entry[-1]) if entry else [], json.loads(cmd[-1]) if cmd else []
+
+
+@pytest.mark.parametrize(("image", "dockerfile"), [("resilient-training-operator", "operator/Dockerfile"),
+                                                   ("resilient-training-trainer", "trainer_image/Dockerfile")])
+def test_the_simulated_images_are_what_the_dockerfiles_build(image: str, dockerfile: str) -> None:
+    """The simulated nodes' stand-in for an image (no images exist there) is a copy of what its Dockerfile says:
+    ENTRYPOINT, CMD, USER and ENV (all of it but PATH and HOME, which the venv and the sandbox decide)."""
+    env, user, entry, cmd = _dockerfile_final_stage(Path(__file__).resolve().parents[2] / dockerfile)
+    sim = DEFAULT_IMAGE_ENTRYPOINTS[image]
+    assert sim["command"] == entry and sim.get("args", []) == cmd
+    assert f"{sim['user']}:{sim['group']}" == user
+    assert sim["env"] == {k: v for k, v in env.items() if k not in ("PATH", "HOME")}
