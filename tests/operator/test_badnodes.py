@@ -126,7 +126,7 @@ def _three_jobs(pods_for: Any, cluster: Any, rounds: int = 1) -> list[dict[str, 
     ("name", "pods_for", "rounds"),
     [
         ("a forged RTJ_HUNG written by the container", lambda a: gang(a, 4, r1=dict(
-            phase="Failed", exit_code=124, finished_ago=1.0, message=HUNG_ON_N1)), 1),
+            phase="Failed", exit_code=124, finished_ago=5.0, message=HUNG_ON_N1)), 1),
         ("the tenant deleting its own pods", lambda a: gang(a, 4, r1=dict(deleting=True)), 2),
         ("the tenant evicting its own pods (Eviction API)", lambda a: gang(a, 4, r1=dict(
             disruption="EvictionByEvictionAPI")), 2),

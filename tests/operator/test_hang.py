@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from resilient_contract import completion, environment, progress
 from resilient_operator import constants as c
-from resilient_operator.core import reconcile, render
+from resilient_operator.core import failures, reconcile, render
 from resilient_operator.core.model import Progress
 from tests.operator.builders import NOW, gang, healthy, job, listing, running_status
 
@@ -16,9 +16,15 @@ def hung(step: int, rank: int, stalled: float) -> str:
                                      attempt=1)
 
 
+def ended(step: int, rank: int, stalled: float, ago: float) -> dict[str, object]:
+    return dict(phase="Failed", exit_code=124, message=hung(step, rank, stalled), finished_ago=ago)
+
+
 def test_a_hang_restarts_from_the_newest_checkpoint_and_names_who_stopped_first() -> None:
-    pods = gang(1, 4, r2=dict(phase="Failed", exit_code=124, message=hung(41, 2, 30.1), finished_ago=1.0),
-                r3=dict(phase="Failed", exit_code=124, message=hung(42, 3, 30.0), finished_ago=0.5))
+    # Rank 2 stopped at step 41; its peers reached 42 and waited for it in the next collective. Each
+    # launcher sees only its own rank, so a peer's watchdog may fire (and its pod end) before rank 2's.
+    pods = gang(1, 4, r0=ended(42, 0, 30.0, 2.0), r1=ended(42, 1, 30.0, 1.0), r2=ended(41, 2, 30.1, 1.0),
+                r3=ended(42, 3, 30.0, 2.0))
     plan = reconcile(job(running_status(), progressTimeoutSeconds=30), pods, healthy(4), listing(40), NOW)
     failure = plan.status["lastFailure"]
     assert failure["kind"] == c.HANG and failure["reason"] == c.REASON_HANG and failure["node"] == "n2"
@@ -32,6 +38,23 @@ def test_a_hang_restarts_from_the_newest_checkpoint_and_names_who_stopped_first(
     plan = reconcile(job(plan.status, progressTimeoutSeconds=30), [], healthy(4), listing(40), NOW)
     pods = [m for m in plan.manifests() if m["kind"] == "Pod"]
     assert len(pods) == 3 and plan.status["resumedFrom"]["step"] == 40  # without the blamed node
+
+
+def test_the_first_hang_report_waits_briefly_for_its_peers_then_stands_alone() -> None:
+    """The race CI met: a peer's report came first and named the wrong rank. While the other pods still
+    run, a report waits up to HANG_GATHER_SECONDS for theirs; past that (a wedged launcher), it stands."""
+    status = running_status()
+    early = gang(1, 4, r2=ended(10, 2, 20.0, 1.0))
+    plan = reconcile(job(status, progressTimeoutSeconds=20), early, healthy(4), listing(8), NOW)
+    assert "lastFailure" not in plan.status and plan.status["phase"] == c.RUNNING
+    assert plan.requeue_after is not None and plan.requeue_after <= 1.0  # looks again soon
+    complete = gang(1, 4, r0=ended(10, 0, 20.0, 1.0), r1=ended(9, 1, 20.2, 0.0), r2=ended(10, 2, 20.0, 1.0),
+                    r3=ended(10, 3, 20.0, 1.0))
+    plan = reconcile(job(status, progressTimeoutSeconds=20), complete, healthy(4), listing(8), NOW)
+    assert "hang at step 9; rank 1 (pod demo-a1-1 on node n1) stopped first" in plan.status["lastFailure"]["message"]
+    alone = gang(1, 4, r2=ended(10, 2, 20.0, failures.HANG_GATHER_SECONDS))
+    plan = reconcile(job(status, progressTimeoutSeconds=20), alone, healthy(4), listing(8), NOW)
+    assert "rank 2 (pod demo-a1-2 on node n2) stopped first" in plan.status["lastFailure"]["message"]
 
 
 def test_the_timeout_is_injected_only_when_set() -> None:

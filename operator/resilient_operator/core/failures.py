@@ -38,6 +38,11 @@ _DISRUPTION_REASONS = {
     "DeletionByPodGC": c.REASON_NODE_LOST,
     "TerminationByKubelet": c.REASON_EVICTED,
 }
+# A hang report waits this long for the other pods of the gang to end too: every launcher has the same
+# timeout, but each sees only its own ranks, so the one that fires first need not be the one that stopped
+# first (the others' last step can be newer by a step). Its peers normally end within a second or two;
+# this bounds the wait when one of them cannot (a wedged launcher) or lingers (an agent whose peer is gone).
+HANG_GATHER_SECONDS = 3.0
 # Waiting reasons that mean the container will not start without a change to the job.
 CANNOT_START = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -117,7 +122,7 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)
     hang = hung(pods)
-    if hang:
+    if hang and not gathering(pods, health):
         return hang
     if all_created:
         for rank in range(replicas):
@@ -169,9 +174,21 @@ def hung(pods: Sequence[PodView]) -> Failure | None:
     return Failure(c.HANG, c.REASON_HANG, message, pod=pod.name, node=pod.node_name, occurred=began)
 
 
+def gathering(pods: Sequence[PodView], health: Health) -> bool:
+    """A hang was reported and a peer still runs without a report of its own, for at most
+    HANG_GATHER_SECONDS after the first report: wait, so the message names the rank that stopped first."""
+    ended = [t.finished_at for p in pods for t in p.terminations
+             if t.finished_at and (o := completion.parse_message(t.message)) and o.kind == completion.HUNG]
+    if not ended or not any(p.phase in ("Pending", "Running") and not p.terminations for p in pods):
+        return False
+    return health.now - min(ended) < timedelta(seconds=HANG_GATHER_SECONDS)
+
+
 def unsettled(pods: Sequence[PodView], health: Health) -> bool:
-    """A pod failed but we cannot yet tell whether a dying node caused it: look again shortly."""
-    return any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, health) for p in pods)
+    """A pod failed but we cannot yet tell whether a dying node caused it, or a hang report waits for its
+    peers': look again shortly."""
+    return (any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, health) for p in pods)
+            or gathering(pods, health))
 
 
 def all_succeeded(pods: Sequence[PodView], replicas: int) -> bool:
