@@ -114,6 +114,10 @@ def test_operator_killed_at_each_stage_of_a_recovery(cluster: Cluster, namespace
     first_delete(cluster, namespace, name, 4)
 
     wait_starting_with_all_pods(cluster, namespace, name, 5, 3)
+    # the same pass posts the attempt's event after its creates: a freeze between the two loses the event (CI),
+    # as any controller's best-effort event is lost when it dies before the post; this stage is after it
+    wait_for(lambda: sum(e.startswith(c.REASON_STARTED) for e in events(cluster, namespace, name)) == 5, 30,
+             "attempt 5's event")
     pid = freeze_operator(cluster)
     new = starting_with_all_pods(cluster, namespace, name, 5, 3)
     assert new, "attempt 5 left Starting while its pods were held"

@@ -48,6 +48,10 @@ def test_the_first_hang_report_waits_briefly_for_its_peers_then_stands_alone() -
     plan = reconcile(job(status, progressTimeoutSeconds=20), early, healthy(4), listing(8), NOW)
     assert "lastFailure" not in plan.status and plan.status["phase"] == c.RUNNING
     assert plan.requeue_after is not None and plan.requeue_after <= 1.0  # looks again soon
+    # a peer whose collective broke when the hung rank's workers were killed: part of the hang, not a bug
+    broken = gang(1, 4, r0=dict(phase="Failed", exit_code=1, finished_ago=2.0), r2=ended(10, 2, 20.0, 1.0))
+    plan = reconcile(job(status, progressTimeoutSeconds=20), broken, healthy(4), listing(8), NOW)
+    assert "lastFailure" not in plan.status and plan.status["phase"] == c.RUNNING
     complete = gang(1, 4, r0=ended(10, 0, 20.0, 1.0), r1=ended(9, 1, 20.2, 0.0), r2=ended(10, 2, 20.0, 1.0),
                     r3=ended(10, 3, 20.0, 1.0))
     plan = reconcile(job(status, progressTimeoutSeconds=20), complete, healthy(4), listing(8), NOW)

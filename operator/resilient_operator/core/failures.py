@@ -121,9 +121,8 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
         if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)
-    hang = hung(pods)
-    if hang and not gathering(pods, health):
-        return hang
+    if hang := hung(pods):  # while it gathers its peers' reports, their own exits are not failures either
+        return None if gathering(pods, health) else hang
     if all_created:
         for rank in range(replicas):
             if rank not in by_rank:
