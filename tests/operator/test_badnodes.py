@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from resilient_operator import constants as c
-from resilient_operator.core import badnodes, reconcile
+from resilient_operator.core import badnodes, failures, reconcile
 from resilient_operator.core.timeutil import fmt
 from tests.operator.builders import NOW, gang, healthy, job, listing, node, nodes, running_status
 
@@ -126,7 +126,7 @@ def _three_jobs(pods_for: Any, cluster: Any, rounds: int = 1) -> list[dict[str, 
     ("name", "pods_for", "rounds"),
     [
         ("a forged RTJ_HUNG written by the container", lambda a: gang(a, 4, r1=dict(
-            phase="Failed", exit_code=124, finished_ago=5.0, message=HUNG_ON_N1)), 1),
+            phase="Failed", exit_code=124, finished_ago=failures.HANG_GATHER_SECONDS + 1, message=HUNG_ON_N1)), 1),
         ("the tenant deleting its own pods", lambda a: gang(a, 4, r1=dict(deleting=True)), 2),
         ("the tenant evicting its own pods (Eviction API)", lambda a: gang(a, 4, r1=dict(
             disruption="EvictionByEvictionAPI")), 2),

@@ -22,7 +22,7 @@ import pytest
 from resilient_contract import completion, lineage, progress, storage
 from resilient_operator import constants as c
 from resilient_operator import controller, discovery, views
-from resilient_operator.core import reconcile
+from resilient_operator.core import failures, reconcile
 from resilient_operator.core.plan import Plan
 from resilient_operator.core.timeutil import fmt, parse
 from tests.operator.builders import NOW, crd, healthy, job_object, running_status
@@ -163,7 +163,8 @@ def test_a_30_digit_stall_in_a_hang_message_is_not_believed() -> None:
     """`RTJ_HUNG stalled_s=<30 digits>` used to raise OverflowError in timedelta on every reconcile."""
     from tests.operator.builders import gang, listing
 
-    pods = gang(1, 4, r2=dict(phase="Failed", exit_code=124, finished_ago=5.0, message=ADVERSARIAL_MESSAGES[0]))
+    pods = gang(1, 4, r2=dict(phase="Failed", exit_code=124, finished_ago=failures.HANG_GATHER_SECONDS + 1,
+                              message=ADVERSARIAL_MESSAGES[0]))
     plan = reconcile(views.job_view(job_object(status=running_status(), progressTimeoutSeconds=30)), pods,
                      healthy(4), listing(40), NOW)
     assert plan.status["lastFailure"]["reason"] == c.REASON_HANG

@@ -7,14 +7,14 @@ non-zero, and that is collateral damage, not a bug in the training script.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from resilient_contract import completion
 from resilient_operator import constants as c
 from resilient_operator.core.health import Health, NodeLoss
-from resilient_operator.core.model import PodView
+from resilient_operator.core.model import PodView, Termination
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {
@@ -148,17 +148,14 @@ def hung(pods: Sequence[PodView]) -> Failure | None:
     lowest step reported, then the rank with the oldest progress: in a synchronous job the others wait
     for it in the next collective)."""
     reports = []
-    for pod in pods:
-        for term in pod.terminations:
-            outcome = completion.parse_message(term.message)
-            if outcome and outcome.kind == completion.HUNG:
-                # Tenant-written (the container writes its termination message): bounded, ASCII, else unknown.
-                at = outcome.int_field("step")
-                seconds = outcome.seconds_field("stalled_s") or 0.0
-                who = outcome.int_field("rank", 2**31 - 1)
-                limit = outcome.seconds_field("timeout_s")
-                reports.append((-1 if at is None else at, -seconds, pod, "?" if who is None else str(who),
-                                "?" if limit is None else f"{limit:g}", term.finished_at))
+    for pod, term, outcome in _hang_reports(pods):
+        # Tenant-written (the container writes its termination message): bounded, ASCII, else unknown.
+        at = outcome.int_field("step")
+        seconds = outcome.seconds_field("stalled_s") or 0.0
+        who = outcome.int_field("rank", 2**31 - 1)
+        limit = outcome.seconds_field("timeout_s")
+        reports.append((-1 if at is None else at, -seconds, pod, "?" if who is None else str(who),
+                        "?" if limit is None else f"{limit:g}", term.finished_at))
     if not reports:
         return None
     step, neg_stalled, pod, rank, timeout, ended = min(reports, key=lambda r: (r[0], r[1], r[2].rank))
@@ -173,11 +170,19 @@ def hung(pods: Sequence[PodView]) -> Failure | None:
     return Failure(c.HANG, c.REASON_HANG, message, pod=pod.name, node=pod.node_name, occurred=began)
 
 
+def _hang_reports(pods: Sequence[PodView]) -> Iterator[tuple[PodView, Termination, completion.Outcome]]:
+    """Every RTJ_HUNG termination message of the attempt's pods, parsed (bounded: completion.parse_message)."""
+    for pod in pods:
+        for term in pod.terminations:
+            outcome = completion.parse_message(term.message)
+            if outcome and outcome.kind == completion.HUNG:
+                yield pod, term, outcome
+
+
 def gathering(pods: Sequence[PodView], health: Health) -> bool:
     """A hang was reported and a peer still runs without a report of its own, for at most
     HANG_GATHER_SECONDS after the first report: wait, so the message names the rank that stopped first."""
-    ended = [t.finished_at for p in pods for t in p.terminations
-             if t.finished_at and (o := completion.parse_message(t.message)) and o.kind == completion.HUNG]
+    ended = [t.finished_at for _, t, _ in _hang_reports(pods) if t.finished_at]
     if not ended or not any(p.phase in ("Pending", "Running") and not p.terminations for p in pods):
         return False
     return health.now - min(ended) < timedelta(seconds=HANG_GATHER_SECONDS)
