@@ -12,8 +12,9 @@ the node's status capacity with `nvidia.com/gpu` (as the device-plugin docs show
 Two ways to run: with a machine's own Docker and a registry (a laptop, .github/workflows/e2e-kind.yml: the
 stock kindest/node, images from `docker build`), or with `engine=LocalEngine.start()` (RTJ_KIND_ENGINE=netns,
 or automatically when no Docker engine answers): Debian's dockerd in a netns of its own, the node image built
-from our binaries, the images our Dockerfiles give through buildah (e2e/images.py) loaded with
-`kind load image-archive`, and the API reached through a relay on the host's loopback (e2e/kindcluster/engine.py).
+from our binaries, our images `docker build`-ed in that engine (its RUN steps reach PyPI through
+e2e/kindcluster/egress.py) and `kind load docker-image`-ed, and the API reached through a relay on the host's
+loopback (e2e/kindcluster/engine.py).
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class KindCluster(ClusterTools):
         """Create the kind cluster, build and load the project images. Extra local-only options are ignored.
 
         Without Docker of its own (or with RTJ_KIND_ENGINE=netns) the cluster runs on a LocalEngine it
-        starts and stops; `image_names` are then the e2e/images.py images loaded into every node."""
+        starts and stops; `image_names` are then e2e/images.py images (their Dockerfiles, build args and refs),
+        `docker build`-ed in that engine and loaded into the nodes."""
         if engine is None and runner is default_runner and _wants_local_engine():
             engine = LocalEngine.start()
         if engine is not None:
@@ -157,9 +159,8 @@ class KindCluster(ClusterTools):
     @classmethod
     def _start_local(cls, name: str, engine: LocalEngine, grace: str, workers: int | None,
                      base_dir: Path | str | None, image_names: Sequence[str]) -> KindCluster:
-        """kind on the netns engine with the locally built node image; images from e2e/images.py."""
-        from e2e import images as project_images
-
+        """kind on the netns engine with the locally built node image; our images `docker build`-ed in that
+        engine and `kind load docker-image`-ed, as on a laptop (LocalEngine.build_images)."""
         workers = workers or int(os.environ.get("RTJ_KIND_WORKERS", "3"))
         env = engine.env()
 
@@ -168,7 +169,7 @@ class KindCluster(ClusterTools):
             return default_runner(engine.in_netns(list(argv)) if argv[0] == "kind" else argv, **kw)
 
         node_image = engine.node_image()
-        refs = project_images.ensure_images(list(image_names)) if image_names else {}
+        refs = engine.build_images(image_names) if image_names else {}
         kind_name = f"{name}-{secrets.token_hex(2)}"
         cdir = Path(base_dir or tempfile.gettempdir()) / "rtj-kind" / kind_name
         for p in SHARED_PATHS:
@@ -177,31 +178,36 @@ class KindCluster(ClusterTools):
         config_path.write_text(json.dumps(kind_config(workers, cdir / "hostpath", grace, node_image=node_image),
                                           indent=2))
         cluster = cls(kind_name, cdir, cdir / "kubeconfig", grace, worker_container_names(kind_name, workers),
-                      runner, engine=engine, kill_mode=os.environ.get("RTJ_KIND_KILL", "pause"),
-                      images={n: r.ref for n, r in refs.items()})
+                      runner, engine=engine, kill_mode=os.environ.get("RTJ_KIND_KILL", "pause"), images=refs)
         try:
             inner = cdir / "kind-kubeconfig"
             runner(["kind", "create", "cluster", "--name", kind_name, "--config", str(config_path),
                     "--kubeconfig", str(inner), "--wait", "180s"], timeout=1200)
             cluster.relay = relay_kubeconfig(inner, cluster.kubeconfig, engine.netns_path)
             for image, ref in refs.items():
-                cluster.load_archive(ref.archive, ref.digest,
-                                     [f"{kind_name}-control-plane"] if image == "operator" else cluster.workers)
+                cluster.load_image(ref, [f"{kind_name}-control-plane"] if image == "operator" else cluster.workers)
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def load_archive(self, archive: Path, digest: str, nodes: Sequence[str]) -> None:
-        """`kind load image-archive` into `nodes` (concurrently), then drop the layer blobs each node's
-        containerd keeps beside the unpacked snapshots (the trainer's are 1.9 GB a node; kind's own
-        discard_unpacked_layers covers pulls, not imports)."""
-        self.runner(["kind", "load", "image-archive", str(archive), "--name", self.name, "--nodes", ",".join(nodes)],
+    def load_image(self, ref: str, nodes: Sequence[str]) -> None:
+        """`kind load docker-image` into `nodes`, then drop the layer blobs each node's containerd keeps beside
+        the unpacked snapshots (the trainer's are 1.9 GB a node; kind's own discard_unpacked_layers covers
+        pulls, not imports)."""
+        self.runner(["kind", "load", "docker-image", ref, "--name", self.name, "--nodes", ",".join(nodes)],
                     timeout=1800)
         for node in nodes:
-            ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io", "content"]
-            manifest = json.loads(self.runner([*ctr, "get", digest]).stdout)
-            self.runner([*ctr, "rm", *(layer["digest"] for layer in manifest["layers"])], check=False)
+            ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io"]
+            listing = self.runner([*ctr, "images", "ls", f"name=={ref}"]).stdout.splitlines()
+            digests = [line.split()[2] for line in listing[1:] if line.split()[:1] == [ref]]
+            layers: list[str] = []
+            while digests:
+                blob = json.loads(self.runner([*ctr, "content", "get", digests.pop()]).stdout)
+                digests += [m["digest"] for m in blob.get("manifests", [])]  # an index: its manifests
+                layers += [layer["digest"] for layer in blob.get("layers", [])]
+            if layers:
+                self.runner([*ctr, "content", "rm", *layers], check=False)
 
     # ------------------------------------------------------------ nodes
     def node_name(self, name: str) -> str:

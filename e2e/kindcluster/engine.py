@@ -9,10 +9,19 @@ On a laptop with Docker and a registry none of this is used: KindCluster runs th
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
-from dataclasses import dataclass
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from e2e import images as project_images
+from e2e.kindcluster.egress import EgressProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 HACK = ROOT / "hack" / "kind"
@@ -33,6 +42,7 @@ class LocalEngine:
     netns: str = "rtj-docker"
     docker_host: str = ""
     path: str = ""
+    build_seconds: dict[str, float] = field(default_factory=dict)  # image name -> its last `docker build`
 
     @property
     def netns_path(self) -> Path:
@@ -67,6 +77,75 @@ class LocalEngine:
         if out.returncode != 0:
             raise RuntimeError(f"hack/kind/node-image.sh failed: {out.stderr[-3000:]}")
         return out.stdout.strip().splitlines()[-1]
+
+    def docker(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """A docker command against this engine (the client on the host, through the engine's socket), with
+        Docker 20.10's classic builder (BuildKit would pull its `# syntax=` frontend from a registry)."""
+        out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False,
+                             env={**self.env(), "DOCKER_BUILDKIT": "0"})
+        if out.returncode != 0:
+            raise RuntimeError(f"docker {' '.join(args[:3])} failed ({out.returncode}): {out.stderr[-3000:]}")
+        return out
+
+    def stand_in_base(self) -> None:
+        """The Dockerfiles' FROM images in this engine, as a laptop's Docker would pull them: e2e/images.py's
+        stand-in for python:3.11-slim (no registry serves the real one here) with this machine's CA bundle
+        baked in, so pip trusts the package proxy as the real image's pip trusts PyPI. Kept while the base
+        and the bundle are the same (the label), remade otherwise."""
+        base_id = project_images.ensure_base()
+        key = hashlib.sha256(base_id.encode() + Path(project_images.HOST_CA).read_bytes()).hexdigest()[:16]
+        tags = project_images.base_tags()
+        label = '{{ index .Config.Labels "rtj.stand-in" }}'
+        try:
+            if all(self.docker("image", "inspect", "--format", label, t).stdout.strip() == key for t in tags):
+                return
+        except RuntimeError:
+            pass  # not in the engine yet
+        with tempfile.TemporaryDirectory(dir=project_images.CACHE) as tmp:
+            archive, context = Path(tmp) / "base.tar", Path(tmp) / "context"
+            subprocess.run(["buildah", "push", "--quiet", base_id, f"docker-archive:{archive}:rtj-stand-in:{key}"],
+                           check=True, capture_output=True, timeout=600)
+            self.docker("load", "-i", str(archive))
+            context.mkdir()
+            shutil.copy(project_images.HOST_CA, context / "ca-certificates.crt")
+            (context / "Dockerfile").write_text(f"FROM rtj-stand-in:{key}\n"
+                                                "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
+                                                f"LABEL rtj.stand-in={key}\n")
+            self.docker("build", *(f"--tag={t}" for t in tags), str(context))
+            self.docker("rmi", f"rtj-stand-in:{key}")
+
+    def build_images(self, names: Sequence[str]) -> dict[str, str]:
+        """`docker build` of our Dockerfiles in this engine, as on a laptop (e2e/images.py's build args and
+        refs); RUN steps reach PyPI through an `EgressProxy`. Docker's layer cache (in the engine's data root,
+        under the cache) makes a rebuild of unchanged inputs take seconds. Returns name -> ref."""
+        self.stand_in_base()
+        refs: dict[str, str] = {}
+        with EgressProxy(self.netns_path) as proxy:
+            for name in names:
+                spec = project_images.IMAGES[name]
+                before = self.image_id(spec.ref)
+                started = time.monotonic()
+                try:
+                    self.docker("build", "--network", "host", f"--build-arg=HTTPS_PROXY={proxy.url}",
+                                *(f"--build-arg={k}={v}" for k, v in spec.build_args),
+                                "-f", str(ROOT / spec.dockerfile), "-t", spec.ref, str(ROOT), timeout=3600)
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{exc}\n(the proxy refused: {proxy.refused or 'nothing'})") from exc
+                self.build_seconds[name] = round(time.monotonic() - started, 1)
+                print(f"[kind] docker build {name}: {self.build_seconds[name]:.0f} s", file=sys.stderr)
+                refs[name] = spec.ref
+                if before and before != self.image_id(spec.ref):
+                    self.docker("rmi", before)  # what the tag named before, and its layers no other image uses
+        # Dangling: a multi-stage build's earlier stages. Recent ones are the layer cache of the next build.
+        self.docker("image", "prune", "--force", "--filter", "until=168h")
+        return refs
+
+    def image_id(self, ref: str) -> str | None:
+        """The id of the image `ref` names in this engine, None when there is none."""
+        try:
+            return self.docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+        except RuntimeError:
+            return None
 
     def stop(self) -> None:
         """Stop the engine (its containers with it) and delete its netns."""

@@ -13,18 +13,22 @@ import ctypes
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from e2e.controlplane.forward import pump  # one byte pump, half-closing at EOF
 
 CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
 
 
-def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10) -> socket.socket:
-    """A TCP connection to `address` made from inside `netns`."""
-    result: list[socket.socket | BaseException] = []
+def run_in_netns(netns: Path, make: Callable[[], T]) -> T:
+    """`make()` called by a short-lived thread that entered `netns` (setns(2) switches only the calling
+    thread); a socket it makes stays in that netns after the thread is gone."""
+    result: list[T | BaseException] = []
 
-    def enter_and_connect() -> None:
+    def enter_and_make() -> None:
         try:
             fd = os.open(netns, os.O_RDONLY)
             try:
@@ -32,16 +36,22 @@ def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10)
                     raise OSError(ctypes.get_errno(), f"setns {netns}")
             finally:
                 os.close(fd)
-            result.append(socket.create_connection(address, timeout=timeout))
+            result.append(make())
         except BaseException as exc:  # handed to the caller's thread
             result.append(exc)
 
-    worker = threading.Thread(target=enter_and_connect, daemon=True)
+    worker = threading.Thread(target=enter_and_make, daemon=True)
     worker.start()
     worker.join()
     got = result[0]
     if isinstance(got, BaseException):
         raise got
+    return got
+
+
+def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10) -> socket.socket:
+    """A TCP connection to `address` made from inside `netns`."""
+    got = run_in_netns(netns, lambda: socket.create_connection(address, timeout=timeout))
     got.settimeout(None)
     return got
 

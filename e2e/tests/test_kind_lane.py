@@ -3,7 +3,7 @@ checkpoint and ends with the failure-free reference's model.
 
 kind here runs on Debian's dockerd inside a netns of its own, with a node image built from our binaries
 (hack/kind, e2e/kindcluster/engine.py); on a laptop with Docker the same test runs on the stock kindest/node
-(RTJ_KIND_ENGINE=host). The operator and trainer are the images our Dockerfiles give, `kind load`ed.
+(RTJ_KIND_ENGINE=host). The operator and trainer are our Dockerfiles' images, `docker build` + `kind load docker-image`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("docker" if os.environ.get("RTJ_KIND_ENGINE") == "host" else "dockerd") is None,
                        reason="no Docker engine (apt-get install docker.io)"),
 ]
-IMAGES = ("operator", "trainer-cpu")  # e2e/pytest_plugin.py builds these at collection (outside the timeouts)
+# No buildah images: the lane `docker build`s ours in its engine (e2e/kindcluster/engine.py), in the first
+# test's timeout.
 STEPS, TOLERANCE = scenarios.STEPS, scenarios.TOLERANCE
 
 
