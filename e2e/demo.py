@@ -8,8 +8,9 @@ user would watch: `kubectl get rtj` lines, the job's events, the recovery timeli
 
 `--real-nodes` runs it on real kubelets and containerd (e2e/realnodes/lane.py): the operator and the trainer
 from the images our Dockerfiles build, three training nodes, Pod Security "restricted" enforced.
-`--kind` runs it on kind (e2e/kindcluster/lane.py): four worker containers, the same images `kind load`ed;
-without Docker of its own, on dockerd in a netns with a node image built from our binaries.
+`--kind` runs it on kind (e2e/kindcluster/lane.py): four worker containers, the same Dockerfiles'
+images `docker build` + `kind load`; without Docker of its own, on dockerd in a netns with a node image built
+from our binaries.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ def kind(args: argparse.Namespace) -> int:
     """The same story on kind: a worker container killed (docker kill), the images from our Dockerfiles."""
     from e2e.kindcluster import lane
 
-    say("building (or reusing) kind, kubeadm, the node image, the operator and CPU trainer images; starting "
-        f"kind: a control plane (the operator's node) and workers {', '.join(lane.TRAIN_NODES)}; kind load; helm ...")
+    say("building (or reusing) kind, kubeadm and the node image; docker build of the operator and CPU trainer "
+        f"images; kind: a control plane (the operator's node) and workers {', '.join(lane.TRAIN_NODES)}; "
+        "kind load; helm ...")
     setup = lane.start("demo", log_level="INFO")
     cluster = setup.cluster
     narrator = Narrator(cluster)
