@@ -346,6 +346,44 @@ def test_redirected_workers_are_started_by_torchrun_itself(launcher: Launcher, t
     assert list(logs.rglob("stdout.log"))  # torchrun redirected its workers' output, as asked
 
 
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("imports", ["1", "0"])
+def test_a_parked_worker_imports_the_library_not_the_script(tmp_path: Path, imports: str) -> None:
+    """While parked, a worker imports torch and (unless turned off) the library's modules; the user's script
+    and its own modules run only once the spawn comes, and see the library already imported."""
+    import subprocess
+
+    mine = tmp_path / "users_module.py"
+    mine.write_text("import pathlib, sys\npathlib.Path(sys.argv[1]).write_text('imported')\n")
+    script = tmp_path / "train.py"
+    report = tmp_path / "report.json"
+    script.write_text("import json, sys\n"
+                      f"seen = sorted(m for m in {agent.PREWARM_MODULES!r} if m in sys.modules)\n"
+                      f"json.dump(seen, open({str(report)!r}, 'w'))\n"
+                      "import users_module\n")
+    read, write = os.pipe()
+    env = {**os.environ, agent.READY_FD_ENV: str(write), agent.PREWARM_IMPORTS_ENV: imports,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", agent.MODULE, agent.WORKER_FLAG], env=env,
+                            stdin=subprocess.PIPE, pass_fds=(write,))
+    os.close(write)
+    assert os.read(read, 1) == b"1"  # parked
+    os.close(read)
+    marker = tmp_path / "marker"
+    assert not marker.exists() and not report.exists()
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps({"argv": [str(script), str(marker)], "environ": env}).encode() + b"\n")
+    proc.stdin.close()
+    assert proc.wait(60) == 0
+    assert marker.read_text() == "imported"
+    expected = sorted(agent.PREWARM_MODULES) if imports == "1" else []
+    assert [m for m in json.loads(report.read_text()) if m.startswith("resilient_trainer")] == [
+        m for m in expected if m.startswith("resilient_trainer")]
+    if imports == "1":
+        assert json.loads(report.read_text()) == expected
+
+
 def test_config_needs_all_four_variables() -> None:
     assert agent.config({}) is None and agent.config({plan.AGENT_PORT_ENV: "0"}) is None
     full = {plan.AGENT_PORT_ENV: "29401", plan.PUBLIC_KEY_ENV: "k", plan.POD_UID_ENV: "p", environment.JOB_UID: "j",
