@@ -41,12 +41,17 @@ def _serve_one(client: socket.socket, target: tuple[str, int]) -> None:
         client.close()
         return
     upstream.settimeout(None)
-    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
-    back.start()
-    pump(client, upstream)
-    back.join()
+    splice(client, upstream)
     client.close()
     upstream.close()
+
+
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways until both directions reached EOF (the caller closes the sockets)."""
+    back = threading.Thread(target=pump, args=(b, a), daemon=True)
+    back.start()
+    pump(a, b)
+    back.join()
 
 
 def serve(listener: socket.socket, target: tuple[str, int]) -> None:

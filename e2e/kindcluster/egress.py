@@ -19,8 +19,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from e2e.controlplane.forward import pump  # one byte pump, half-closing at EOF
-from e2e.kindcluster.relay import run_in_netns
+from e2e.controlplane.forward import splice  # both ways, half-closing at EOF
+from e2e.kindcluster.relay import accept_each, run_in_netns
 
 PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")  # the index pip asks, and where its files are
 HEAD_LIMIT = 8192  # a CONNECT request's head; anything longer is refused unread
@@ -39,16 +39,8 @@ class EgressProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.refused: list[str] = []
         self.tunnels = 0
-        self._closed = False
-        threading.Thread(target=self._serve, daemon=True, name=f"egress:{self.port}").start()
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        threading.Thread(target=accept_each, args=(self.listener, self._handle), daemon=True,
+                         name=f"egress:{self.port}").start()
 
     def _read_head(self, conn: socket.socket) -> bytes | None:
         conn.settimeout(self.timeout)
@@ -88,13 +80,9 @@ class EgressProxy:
                 except OSError:
                     return
                 # The client waits for the 200 before its TLS hello, so nothing followed the head.
-                back = threading.Thread(target=pump, args=(upstream, conn), daemon=True)
-                back.start()
-                pump(conn, upstream)
-                back.join()
+                splice(conn, upstream)
 
     def close(self) -> None:
-        self._closed = True
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()

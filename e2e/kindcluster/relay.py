@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from e2e.controlplane.forward import pump  # one byte pump, half-closing at EOF
+from e2e.controlplane.forward import splice  # both ways, half-closing at EOF
 
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
@@ -56,6 +56,16 @@ def connect_in_netns(netns: Path, address: tuple[str, int], timeout: float = 10)
     return got
 
 
+def accept_each(listener: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+    """Hand each accepted connection to `handle` in a thread of its own, until the listener is closed."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
 class NetnsRelay:
     """127.0.0.1:`port` on the host, relayed to `target` inside `netns` (closed by `close`)."""
 
@@ -63,16 +73,8 @@ class NetnsRelay:
         self.netns, self.target = netns, target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._serve, daemon=True, name=f"relay:{self.port}").start()
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        threading.Thread(target=accept_each, args=(self.listener, self._handle), daemon=True,
+                         name=f"relay:{self.port}").start()
 
     def _handle(self, conn: socket.socket) -> None:
         try:
@@ -80,13 +82,9 @@ class NetnsRelay:
         except OSError:
             conn.close()
             return
-        back = threading.Thread(target=pump, args=(upstream, conn), daemon=True)
-        back.start()
-        pump(conn, upstream)
-        back.join()
+        splice(conn, upstream)
         conn.close()
         upstream.close()
 
     def close(self) -> None:
-        self._closed = True
         self.listener.close()
