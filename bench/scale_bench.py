@@ -185,8 +185,10 @@ class ScaleResult:
 
 
 def job_body(name: str, ns: str, workers: int, loss_timeout: float) -> dict[str, Any]:
+    """A KWOK job: its pods are records, not processes, so no agent could take an in-place plan (Recreate)."""
     return {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name, "namespace": ns},
             "spec": {"replicas": workers, "elasticPolicy": {"minReplicas": max(workers // 2, 1)},
+                     "restartStrategy": c.RestartStrategy.RECREATE.value,
                      "checkpoint": {"root": f"{support.MOUNT}/{ns}/{name}"},
                      "nodeLossTimeoutSeconds": int(loss_timeout), "template": kwok_worker_template()}}
 

@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"operator installed with helm into {support.OPERATOR_NS}")
         cluster.kubectl("create", "namespace", NS)
         cluster.wait_for_default_sa(NS)
-        job = scenarios.example_job(NAME, NS, steps=args.steps, checkpoint_every=5, step_delay=0.3)
+        # restartStrategy left to the CRD's default, InPlace, as a user's examples/job.yaml is
+        job = scenarios.example_job(NAME, NS, steps=args.steps, checkpoint_every=5, step_delay=0.3,
+                                    restart_strategy=None)
         return story(cluster, job, narrator, args)
     finally:
         finish(cluster, narrator, args.keep)
@@ -101,7 +103,12 @@ def story(cluster: Any, job: dict[str, Any], narrator: Narrator, args: argparse.
     victim = support.node_of(pods, "1")
     say(f"first complete checkpoint: step {first.step}. Killing node {victim} (SIGKILL, heartbeats stop) ...")
     timeline = scenarios.kill_and_time(cluster, NS, NAME, victim)
-    say(f"recovered to {timeline.replicas} workers (attempt {timeline.attempt}) from step {timeline.resumed_step}")
+    entry = next((h for h in support.job_status(cluster, NS, NAME).get("history") or []
+                  if h.get("attempt") == timeline.attempt), {})
+    how = (f"in place: kept {len(entry.get('kept') or [])} pods, replaced {len(entry.get('replaced') or [])}"
+           if entry.get("restart") == c.RestartStrategy.IN_PLACE else "by recreating the gang")
+    say(f"recovered to {timeline.replicas} workers (attempt {timeline.attempt}) from step {timeline.resumed_step}, "
+        f"{how}")
     say("recovery timeline (seconds after the kill):")
     for stage in timeline.STAGES:
         say(f"    {stage:<11} {getattr(timeline, stage):6.2f}")

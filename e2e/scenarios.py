@@ -47,8 +47,13 @@ def shared_claim(cluster: ClusterLike, namespace: str) -> None:
 
 def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: int = 2, steps: int = 30,
                 checkpoint_every: int = 5, step_delay: float = 0.3, node_loss_timeout: int = 4,
-                extra_args: tuple[str, ...] = (), grow_back: bool = True, **spec: Any) -> dict[str, Any]:  # fmt: skip
-    """examples/job.yaml with the knobs a scenario turns: size, length, a root of its own, pool nodes."""
+                extra_args: tuple[str, ...] = (), grow_back: bool = True,
+                restart_strategy: str | None = c.RestartStrategy.RECREATE.value,
+                **spec: Any) -> dict[str, Any]:  # fmt: skip
+    """examples/job.yaml with the knobs a scenario turns: size, length, a root of its own, pool nodes.
+
+    `restart_strategy` Recreate unless asked: the scenarios written for recreation keep testing it (the in-place
+    ones ask for InPlace); None leaves it unset, so the API server applies the CRD's default (InPlace)."""
     job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     job["metadata"] = {"name": name, "namespace": namespace}
     body = job["spec"]
@@ -56,6 +61,8 @@ def example_job(name: str, namespace: str, *, replicas: int = 4, min_replicas: i
     body["elasticPolicy"].update(minReplicas=min_replicas, growBack=grow_back)
     body["checkpoint"]["root"] = f"{MOUNT}/{namespace}/{name}"
     body["nodeLossTimeoutSeconds"] = node_loss_timeout
+    if restart_strategy is not None:
+        body["restartStrategy"] = restart_strategy
     body.update(spec)
     pod = body["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = 5

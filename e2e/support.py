@@ -98,8 +98,11 @@ def worker_script(fail_rank: int | None = None, code: int = 3) -> str:
 
 def job_manifest(name: str, ns: str, replicas: int = 3, min_replicas: int = 2, script: str | None = None,
                  **spec: Any) -> dict[str, Any]:  # fmt: skip
+    """A job of busybox shells (no agent). restartStrategy Recreate unless `spec` says otherwise: under the
+    default, InPlace, every recovery would first find no agent in the kept pods and replace them."""
     body: dict[str, Any] = {
         "replicas": replicas,
+        "restartStrategy": c.RestartStrategy.RECREATE.value,
         "elasticPolicy": {"minReplicas": min_replicas},
         "checkpoint": {"root": f"{MOUNT}/{ns}/{name}"},
         "nodeLossTimeoutSeconds": 4,

@@ -1,6 +1,6 @@
 """restartStrategy InPlace on a real control plane: a node loss keeps the surviving pods (same pods, same
 uids), their agents take the operator's signed plan, the job resumes smaller from the newest complete
-checkpoint without a single new pod and ends with the right model; an agent that never answers is replaced;
+checkpoint without a single new pod and ends with the right model; pods with no agent are replaced at once;
 a plan the operator did not sign is refused."""
 
 from __future__ import annotations
@@ -62,15 +62,24 @@ def test_node_loss_in_place_keeps_the_survivors_and_ends_with_the_right_model(
 
 
 @pytest.mark.timeout(300)
-def test_an_agent_that_never_answers_is_replaced_by_a_new_pod(cluster: ClusterLike, job_ns: str) -> None:
-    """Pods that run no agent (a plain shell): the kept pods never take their plans, so after the bound the
-    operator replaces them, says so, and the job runs again."""
+def test_pods_without_an_agent_are_replaced_as_soon_as_the_plan_finds_no_one(cluster: ClusterLike,
+                                                                             job_ns: str) -> None:
+    """restartStrategy left to the CRD's default (InPlace) on pods that run no agent (a plain shell): the plans
+    find nothing listening, so the next pass replaces the kept pods at once (not after the 20 s bound), says
+    why, and the job runs again on new pods."""
     ns, name = job_ns, "silent"
-    cluster.apply(support.job_manifest(name, ns, replicas=3, min_replicas=2, **IN_PLACE))
+    manifest = support.job_manifest(name, ns, replicas=3, min_replicas=2)
+    del manifest["spec"]["restartStrategy"]
+    cluster.apply(manifest)
+    assert get_job(cluster, ns, name)["spec"]["restartStrategy"] == c.RestartStrategy.IN_PLACE
     pods = running_attempt(cluster, ns, name, 1, 3, timeout=120)
     cluster.kill_node(node_of(pods, "2"))
-    wait_for(lambda: any(e.startswith(c.REASON_IN_PLACE_FALLBACK) for e in events(cluster, ns, name)), 90,
-             "the in-place fallback event")
+
+    def fallback() -> str | None:
+        return next((e for e in events(cluster, ns, name) if e.startswith(c.REASON_IN_PLACE_FALLBACK)), None)
+
+    message = wait_for(fallback, 90, "the in-place fallback event")
+    assert "nothing listens on the agent port" in message and "within" not in message, message
     now = running_attempt(cluster, ns, name, 2, 3, timeout=120)  # 3 of the 4 pool nodes are left
     assert all(p.metadata.name.startswith(f"{name}-a2-") for p in now)  # new pods for every rank
     entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 2)

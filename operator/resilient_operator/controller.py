@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from functools import partial
@@ -157,6 +157,8 @@ class Deliver(Protocol):
     """Where in-place plans go (delivery.Deliverer): queued, never awaited by the reconcile."""
 
     def submit(self, namespace: str, deliveries: Iterable[Delivery]) -> int: ...
+
+    def failed(self, namespace: str, attempt: int) -> Mapping[str, str]: ...
 
 
 def apply(kube: Kube, cache: ClusterCache, obj: dict[str, Any], plan: Plan, deliver: Deliver | None = None) -> None:
@@ -330,8 +332,12 @@ def reconcile_job(kube: Kube, cache: ClusterCache, namespace: str, name: str,
             workload = observe_workload(cache, job)
         now = cache.clock.now()  # the clock the lease probes were timed with
         reports = read_progress(job, pods, now, found) if not listing.error else []  # only under an accepted root
+        attempt = job.status.get("attempt")
+        undeliverable = deliver.failed(namespace, attempt) if deliver is not None and isinstance(attempt, int) \
+            else {}
         plan = reconcile(job, pods, nodes, listing, now, progress=reports,
-                         config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue)
+                         config=config or OperatorConfig(), workload=workload, kueue_ready=cache.kueue,
+                         undeliverable=undeliverable)
         apply(kube, cache, obj, plan, deliver)
         record(obj.get("status") or {}, plan.status, nodes, now)
         metrics.record_job(namespace, name, obj.get("status") or {}, plan.status)

@@ -6,7 +6,11 @@ steers an agent), POSTs the signed plan to the agent (`resilient_contract.plan`:
 200 merge-patches the pod's labels and annotations (the pod joins the new attempt). Everything an agent
 does is a tenant's: a refusal, a timeout, a refused connection or a nonsense answer is logged and counted
 (`rtj_plan_deliveries_total{result}`), never raised; the core notices what did not happen (the labels did
-not change) and falls back by its own clock.
+not change) and falls back by its own clock. An answer that cannot change however often the plan is sent (a
+refused connection: no agent listens; a 403, 409 or 4xx/5xx; a nonsense answer) is also kept for the core
+(`failed`), which replaces that pod at once instead of waiting out the acknowledgement bound: a pod that runs
+no agent costs a recovery one reconcile, not 20 s. Only a timeout is left to the clock (an agent may still be
+stopping its workers, and the resend answers 200 once it has).
 
 Bounds: each POST takes at most `timeout` seconds from the connect to the last byte read, whatever the
 agent does (a socket timeout bounds each read; a watchdog shuts the socket at the deadline, so an answer
@@ -58,6 +62,8 @@ NOT_LEADER = "not_leader"  # this replica does not lead: nothing was sent
 POD_GONE = "pod_gone"  # acknowledged, but the pod (that uid) is gone: not relabelled
 PATCH_FAILED = "patch_failed"  # acknowledged, but the relabel failed (API error): sent again when asked
 ERROR = "error"  # a bug in this module (logged with its traceback)
+# Sent again, the same plan gets the same answer: the core need not wait for an acknowledgement from this pod.
+DEFINITIVE = frozenset({REFUSED, STALE, MALFORMED, HTTP_ERROR, BAD_ANSWER, UNREACHABLE, BAD_ADDRESS})
 
 RESEND_SECONDS = 1.0
 # A lost SYN costs TCP's own backoff (resent after 1 s, then 3 s, then 7 s): past a 5 s bound that is a timeout
@@ -107,6 +113,7 @@ class Deliverer:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plan-delivery")
         self._lock = threading.Lock()
         self._sent: dict[Key, _Sent] = {}
+        self._failed: dict[Key, str] = {}  # the last answer for a key, when DEFINITIVE
         self._pruned = clock()
         self._watchdog = _Watchdog()
         self._closed = False
@@ -130,6 +137,13 @@ class Deliverer:
                 queued += 1
         return queued
 
+    def failed(self, namespace: str, attempt: int) -> dict[str, str]:
+        """Pod uid -> result for `attempt`'s plans in `namespace` whose last answer was DEFINITIVE (uids are
+        unique, so the caller takes the ones of its own pods)."""
+        with self._lock:
+            return {key[2]: result for key, result in self._failed.items()
+                    if key[0] == namespace and key[3] == attempt}
+
     def close(self) -> None:
         """Drop what is queued; what is in flight ends within its timeout."""
         with self._lock:
@@ -143,6 +157,7 @@ class Deliverer:
         self._pruned = now
         for key in [k for k, s in self._sent.items() if not s.running and now - s.at > FORGET_SECONDS]:
             del self._sent[key]
+            self._failed.pop(key, None)
 
     def _run(self, namespace: str, d: Delivery, key: Key, submitted: float) -> None:
         result = UNREACHABLE
@@ -157,6 +172,10 @@ class Deliverer:
                 sent = self._sent.get(key)
                 if sent is not None:
                     sent.running, sent.done = False, result == ACKNOWLEDGED
+                    if result in DEFINITIVE:
+                        self._failed[key] = result
+                    else:
+                        self._failed.pop(key, None)
             DELIVERIES.labels(result=result).inc()
             level = logging.DEBUG if result == ACKNOWLEDGED else logging.INFO
             log.log(level, "plan for %s/%s (attempt %d, rank %d): %s after %.2fs", namespace, d.pod,

@@ -98,8 +98,9 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             progress_timeout=float(spec["progressTimeoutSeconds"]) if spec.get("progressTimeoutSeconds") else None,
             bad_node_seconds=float(spec.get("badNodeSeconds", 3600)),
             share_root=spec["checkpoint"].get("shareRoot") is True,
-            restart_strategy=(c.RestartStrategy.IN_PLACE if spec.get("restartStrategy") == c.RestartStrategy.IN_PLACE
-                              else c.RestartStrategy.RECREATE),
+            # unset (a job the API server did not default): the CRD's default, InPlace
+            restart_strategy=(c.RestartStrategy.RECREATE if spec.get("restartStrategy") == c.RestartStrategy.RECREATE
+                              else c.RestartStrategy.IN_PLACE),
             local_staging=local_staging(_mapping(spec, "checkpoint"), template),
         )
     except SpecProblem:

@@ -194,6 +194,7 @@ def test_a_plan_the_agent_refuses_relabels_nothing(agent: Agent) -> None:
         d.close()
     assert outcome.result == delivery.REFUSED and writer.patches == []
     assert counted(delivery.REFUSED) == before + 1
+    assert d.failed("ml", 3) == {POD_UID: delivery.REFUSED}  # the core replaces that pod without waiting
 
 
 def test_another_pods_plan_is_refused(agent: Agent) -> None:
@@ -215,6 +216,7 @@ def test_an_agent_that_never_answers_costs_one_thread_for_the_timeout_only(agent
                             a_delivery(agent.port, pod="good")])
             assert time.monotonic() - started < 0.2  # a reconcile never waits on a socket
             outcomes.wait(3)
+            assert d.failed("ml", 3) == {}  # a timeout is left to the core's clock: the agent may be busy
     finally:
         silent.close()
         dripping.close()
@@ -233,6 +235,9 @@ def test_a_closed_port_is_unreachable_at_once() -> None:
     with deliverer(writer, outcomes) as d:
         d.submit("ml", [a_delivery(port)])
         (outcome,) = outcomes.wait(1)
+        # nothing listens: the core learns it on its next pass (only for this namespace and attempt)
+        assert d.failed("ml", 3) == {POD_UID: delivery.UNREACHABLE}
+        assert d.failed("ml", 4) == {} and d.failed("other", 3) == {}
     assert outcome.result == delivery.UNREACHABLE and outcome.seconds < 1
 
 

@@ -46,6 +46,7 @@ class Row:
     replace: list[str]
     left: float
     attempt: int = 2
+    undeliverable: dict[str, str] | None = None  # pod uid -> the delivery's answer that will not change
 
 
 ROWS = [
@@ -64,28 +65,41 @@ ROWS = [
     Row("an unreadable start time counts as overdue (never an endless wait)",
         {"inPlace": {"attempt": 2, "since": "not-a-time", "master": "demo-a1-1", "pods": dict(KEPT)}}, ALL_OLD,
         {}, sorted(KEPT), 0.0),
+    Row("no agent listens in one kept pod: it is replaced at once, the others wait the rest of the bound",
+        status(since_s=1.0), ALL_OLD, {"demo-a1-1": 0, "demo-a1-2": 1}, ["demo-a1-3"], ACK - 1.0,
+        undeliverable={"uid-demo-a1-3": "unreachable"}),
+    Row("every kept pod refused (no agents at all): all replaced on the first pass after the answers",
+        status(since_s=1.0), ALL_OLD, {}, sorted(KEPT), ACK - 1.0,
+        undeliverable={f"uid-{n}": "refused" for n in KEPT}),
+    Row("an answer about a pod that already moved, or about another pod under the same name, replaces nothing",
+        status(since_s=1.0), [kept("demo-a1-1", 2), kept("demo-a1-2", 1), kept("demo-a1-3", 1)],
+        {"demo-a1-2": 1, "demo-a1-3": 2}, [], ACK - 1.0,
+        undeliverable={"uid-demo-a1-1": "unreachable", "uid-an-older-demo-a1-2": "unreachable"}),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
 def test_follow(row: Row) -> None:
-    waiting, replace, left = handover.follow(row.status, row.attempt, row.pods, NOW, CONFIG)
-    assert (waiting, replace) == (row.waiting, row.replace)
+    waiting, replace, left = handover.follow(row.status, row.attempt, row.pods, NOW, CONFIG, row.undeliverable)
+    assert (waiting, sorted(replace)) == (row.waiting, row.replace)
+    assert all(replace.values())  # each says why (the event and history carry it)
     assert left == pytest.approx(row.left, abs=1e-3)
     if row.replace:  # replaced pods leave the handover, so a later pass does not replace them twice
-        assert handover.follow(row.status, row.attempt, row.pods, NOW, CONFIG) == ({}, [], 0.0)
+        again = handover.follow(row.status, row.attempt, row.pods, NOW, CONFIG, row.undeliverable)
+        assert again[:2] == (row.waiting, {})
 
 
 def test_the_rendezvous_host_is_the_kept_rank_0_until_it_is_replaced() -> None:
     st = status()
     assert handover.master(st, 2) == "demo-a1-1"
     assert handover.master(st, 3) is None  # another attempt: its rank 0 is its own pod
-    handover.drop_master(st)
+    handover.give_up(st)
     assert handover.master(st, 2) is None
+    assert handover.waiting(st, 2, ALL_OLD) == {}  # every plan named it: no kept pod waits any more
 
 
 def test_a_job_that_recreates_gets_no_agent_and_one_that_keeps_pods_outlives_detection_and_handover() -> None:
-    assert handover.agent(job(), CONFIG) is None  # restartStrategy Recreate (the default)
+    assert handover.agent(job(restartStrategy="Recreate"), CONFIG) is None
     agent = handover.agent(job(restartStrategy="InPlace"), CONFIG)
     assert agent is not None
     in_place = job(restartStrategy="InPlace")

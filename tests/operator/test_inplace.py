@@ -29,6 +29,7 @@ from tests.operator.builders import (
 
 CONFIG = OperatorConfig(plan_public_key="operator-public-key", in_place_ack_seconds=10.0)
 IN_PLACE = {"restartStrategy": "InPlace"}
+RECREATE = {"restartStrategy": "Recreate"}
 HASH = inplace.template_hash(job().spec.template)
 
 
@@ -82,9 +83,10 @@ def test_which_pods_stay_and_their_new_ranks(row: Row) -> None:
 
 
 @pytest.mark.parametrize(("spec", "config", "why"), [
-    ({}, CONFIG, "spec.restartStrategy is Recreate"),
+    (RECREATE, CONFIG, "spec.restartStrategy is Recreate"),
     (IN_PLACE, OperatorConfig(), "the operator has no plan signing key"),
     (IN_PLACE, CONFIG, None),
+    ({}, CONFIG, None),  # unset: InPlace, the CRD's default (a job the API server did not default, e.g. old)
 ])  # fmt: skip
 def test_when_to_recreate(spec: dict[str, Any], config: OperatorConfig, why: str | None) -> None:
     assert inplace.recreate_reason(job(**spec), config) == why
@@ -178,6 +180,26 @@ def test_an_agent_that_does_not_answer_is_replaced_by_a_new_pod_for_its_rank() -
     assert entry["kept"] == ["demo-a1-0", "demo-a1-1"] and entry["replaced"] == ["demo-a1-2"] and entry["fallback"]
 
 
+def test_a_pod_without_an_agent_is_replaced_on_the_next_pass_not_after_the_bound() -> None:
+    """The delivery found nothing listening in one kept pod (its container does not run the launcher): the
+    next pass replaces it and says why, a second into a 10 s bound; the pods whose agents answer keep waiting."""
+    spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
+    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    survivors = gang(1, 3)
+    launch = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
+    later = NOW + timedelta(seconds=1)
+    took = moved(2, survivors[:2], launch.status["inPlace"]["pods"], 3)
+    after = reconcile(job(launch.status, **spec), [*took, survivors[2]], lost_n3(), listing(40), later,
+                      config=CONFIG, undeliverable={"uid-demo-a1-2": "unreachable"})
+    assert after.delete == ["demo-a1-2"] and after.deliver == []
+    fallback = next(e for e in after.events if e.reason == c.REASON_IN_PLACE_FALLBACK)
+    assert "demo-a1-2" in fallback.message and "resilient_trainer.launch" in fallback.message
+    entry = after.status["history"][-1]
+    assert entry["kept"] == ["demo-a1-0", "demo-a1-1"] and entry["replaced"] == ["demo-a1-2"] and entry["fallback"]
+    created = [m["metadata"]["name"] for m in after.manifests() if m["kind"] == "Pod"]
+    assert created == ["demo-a2-2"]  # its rank, once the pod is gone from the cache (here: at once)
+
+
 def test_growing_back_in_place_keeps_the_gang_and_creates_only_the_new_rank_after_the_handover() -> None:
     spec = dict(IN_PLACE)
     status = running_status(attempt=1, replicas=3, growBack={"replicas": 4, "sinceStep": 30},
@@ -193,9 +215,9 @@ def test_growing_back_in_place_keeps_the_gang_and_creates_only_the_new_rank_afte
 
 
 def test_recreate_is_unchanged_and_says_so_in_the_history() -> None:
-    first = reconcile(job(running_status()), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    first = reconcile(job(running_status(), **RECREATE), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
     assert sorted(first.delete + first.force_delete) == [f"demo-a1-{r}" for r in range(4)]
-    second = reconcile(job(first.status), [], lost_n3(), listing(40), NOW, config=CONFIG)
+    second = reconcile(job(first.status, **RECREATE), [], lost_n3(), listing(40), NOW, config=CONFIG)
     assert second.deliver == [] and len([m for m in second.manifests() if m["kind"] == "Pod"]) == 3
     assert second.status["history"][-1]["restart"] == "Recreate"
 
@@ -233,3 +255,19 @@ def test_a_silent_rendezvous_host_takes_the_whole_attempt_with_it() -> None:
     assert [m["metadata"]["name"] for m in created] == ["demo-a2-0", "demo-a2-1", "demo-a2-2"]
     env = {e["name"]: e.get("value") for e in created[1]["spec"]["containers"][0]["env"]}
     assert env[environment.MASTER_ADDR] == "demo-a2-0.demo.ml.svc"
+
+
+def test_a_rendezvous_host_without_an_agent_takes_the_waiting_pods_with_it() -> None:
+    """Rank 0's kept pod has no agent, and another kept pod has not answered yet: its plan names that host, so
+    it is not sent again; every kept pod is replaced on this pass and no plan goes out."""
+    status = running_status(attempt=2, replicas=3, phase=c.STARTING,
+                            inPlace={"attempt": 2, "since": fmt(NOW), "master": "demo-a1-0",
+                                     "pods": {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}},
+                            history=[{"attempt": 2, "replicas": 3, "startTime": fmt(NOW), "restart": "InPlace",
+                                      "kept": ["demo-a1-0", "demo-a1-1", "demo-a1-2"], "replaced": []}])
+    took = moved(2, [pod(1, 1, node_name="n1")], {"demo-a1-1": 1}, 3)
+    old = [pod(1, 0, node_name="n0", replicas=4), pod(1, 2, node_name="n2", replicas=4)]
+    plan = reconcile(job(status, **IN_PLACE), [*old, *took], healthy(3), listing(40), NOW + timedelta(seconds=1),
+                     config=CONFIG, undeliverable={"uid-demo-a1-0": "unreachable"})
+    assert sorted(plan.delete) == ["demo-a1-0", "demo-a1-1", "demo-a1-2"] and plan.deliver == []
+    assert plan.status["inPlace"]["pods"] == {} and "master" not in plan.status["inPlace"]

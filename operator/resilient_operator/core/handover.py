@@ -12,7 +12,7 @@ say so). Everything here is derived from status and the observed pods, so a rest
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from resilient_contract.plan import Plan as AgentPlan
@@ -59,10 +59,12 @@ def master(status: JobStatus, attempt: int) -> str | None:
     return handover.get("master") if handover and handover.get("attempt") == attempt else None
 
 
-def drop_master(status: JobStatus) -> None:
-    """The kept rendezvous host was replaced: the attempt's rank 0 is its own new pod from now on."""
+def give_up(status: JobStatus) -> None:
+    """The kept rendezvous host was replaced, and every plan names it: no kept pod waits any more, and the
+    attempt's rank 0 is its own new pod from now on."""
     if handover := status.get("inPlace"):
         handover.pop("master", None)
+        handover["pods"] = {}
 
 
 def waiting(status: JobStatus, attempt: int, pods: Sequence[PodView]) -> dict[str, int]:
@@ -74,19 +76,39 @@ def waiting(status: JobStatus, attempt: int, pods: Sequence[PodView]) -> dict[st
     return {name: rank for name, rank in (handover.get("pods") or {}).items() if name in alive}
 
 
-def follow(status: JobStatus, attempt: int, pods: Sequence[PodView], now: datetime,
-           config: OperatorConfig) -> tuple[dict[str, int], list[str], float]:
-    """(still waiting, kept pods to replace now because their time is up, seconds left to wait).
+def follow(status: JobStatus, attempt: int, pods: Sequence[PodView], now: datetime, config: OperatorConfig,
+           undeliverable: Mapping[str, str] | None = None) -> tuple[dict[str, int], dict[str, str], float]:
+    """(still waiting, kept pods to replace now -> why, seconds left to wait).
 
+    A kept pod is replaced at once when its plan cannot reach its agent however often it is sent
+    (`undeliverable`, by pod uid: no agent listening, a refusal), and every waiting one once the bound is up.
     status.inPlace keeps every kept pod while they move: which ones are still waiting is read from the pods,
     so an acknowledgement costs the job no status write (one per kept pod before)."""
     handover: InPlace | None = status.get("inPlace")
     if not handover or handover.get("attempt") != attempt:
-        return {}, [], 0.0
+        return {}, {}, 0.0
     pending = waiting(status, attempt, pods)
     since = parse(handover.get("since"))
     elapsed = (now - since).total_seconds() if since else config.in_place_ack_seconds
     if pending and inplace.overdue(elapsed, config):
         handover["pods"] = {}
-        return {}, sorted(pending), 0.0
-    return pending, [], max(0.0, config.in_place_ack_seconds - elapsed)
+        why = f"did not take the plan within {config.in_place_ack_seconds:g}s"
+        return {}, dict.fromkeys(sorted(pending), why), 0.0
+    uids = {p.name: p.uid for p in pods}
+    failed = {name: f"the plan could not be delivered ({result}): {_HINTS.get(result, _HINT)}"
+              for name in sorted(pending) if (result := (undeliverable or {}).get(uids.get(name) or ""))}
+    kept = handover.get("pods") or {}
+    for name in failed:
+        pending.pop(name)
+        kept.pop(name, None)
+    return pending, failed, max(0.0, config.in_place_ack_seconds - elapsed)
+
+
+_HINT = "its agent answered, but not with this attempt's start"
+_HINTS = {
+    "unreachable": "nothing listens on the agent port (the container's command must be resilient_trainer.launch, "
+                   "and a NetworkPolicy must let the operator in)",
+    "refused": "its agent refused the signature (an agent started with another operator's key?)",
+    "stale": "its agent runs a newer attempt",
+    "bad_address": "the pod has no usable IP",
+}

@@ -82,7 +82,7 @@ class JobSpec:
     progress_timeout: float | None = None  # spec.progressTimeoutSeconds: no step for this long is a hang
     bad_node_seconds: float = 3600.0  # spec.badNodeSeconds: how long a node that broke an attempt is avoided
     share_root: bool = False  # spec.checkpoint.shareRoot: may share its root with other jobs that opt in too
-    restart_strategy: str = c.RestartStrategy.RECREATE  # spec.restartStrategy (core/inplace.py)
+    restart_strategy: str = c.RestartStrategy.IN_PLACE  # spec.restartStrategy (core/inplace.py)
     local_staging: LocalStaging | None = None  # spec.checkpoint.localStaging; None: shards go straight to the root
 
 

@@ -37,14 +37,15 @@ __all__ = ["DISCOVERY_BUSY_RETRY_SECONDS", "STORAGE_RETRY_SECONDS", "needs_disco
 def reconcile(
     job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing, now: datetime,
     progress: Sequence[Progress] = (), config: OperatorConfig = DEFAULT_CONFIG,
-    workload: WorkloadView | None = None, kueue_ready: bool = True,
+    workload: WorkloadView | None = None, kueue_ready: bool = True, undeliverable: Mapping[str, str] | None = None,
 ) -> Plan:
     """Decide what to do about one job. Pods are the job's pods (any attempt), nodes all nodes, progress
     the launchers' reports (untrusted; only ever used for accounting and hang attribution); `workload` the
     job's Kueue Workload (read only when the job has a queue name; `kueue_ready` False: Kueue's API is not
-    served, so such a job waits)."""
+    served, so such a job waits); `undeliverable` pod uid -> why this attempt's in-place plan cannot reach
+    that pod's agent (the shell's delivery answers that will not change)."""
     inp = Inputs.observe(job, pods, node_map, listing, now, progress=progress, config=config,
-                         workload=workload, kueue_ready=kueue_ready)
+                         workload=workload, kueue_ready=kueue_ready, undeliverable=undeliverable or {})
     d = Draft(inp)
     # Kueue's Workload writes are guarded by the resourceVersion this pass saw.
     kueue.workload_ref(inp, d.plan)

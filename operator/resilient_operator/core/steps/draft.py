@@ -62,6 +62,8 @@ class Inputs:
     workload: WorkloadView | None = None
     kueue_ready: bool = True
     gate: queueing.Gate | None = None  # set by the Kueue step for a Kueue-managed job (job.queue_name)
+    # pod uid -> why the current attempt's in-place plan cannot reach its agent (the delivery's answer)
+    undeliverable: Mapping[str, str] = field(default_factory=dict)
     ts: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,12 +72,13 @@ class Inputs:
     @classmethod
     def observe(cls, job: Job, pods: Sequence[PodView], node_map: Mapping[str, NodeView], listing: Listing,
                 now: datetime, progress: Sequence[Progress] = (), config: OperatorConfig = DEFAULT_CONFIG,
-                workload: WorkloadView | None = None, kueue_ready: bool = True) -> Inputs:
+                workload: WorkloadView | None = None, kueue_ready: bool = True,
+                undeliverable: Mapping[str, str] | None = None) -> Inputs:
         """The inputs with the node health and the draining nodes judged once, for every step to share."""
         return cls(job, [p for p in pods if p.owner_uid == job.uid],  # ours: by uid, not label
                    health.assess(node_map, now, job.spec.node_loss_timeout),
                    drain.draining(node_map, config.drain_taints), listing, now, progress, config, workload,
-                   kueue_ready)
+                   kueue_ready, undeliverable=undeliverable or {})
 
     @property
     def admitted(self) -> queueing.Gate | None:

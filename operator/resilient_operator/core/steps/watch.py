@@ -101,14 +101,19 @@ def _finish_starting(inp: Inputs, d: Draft, current: Sequence[PodView], replicas
 def _handing_over(inp: Inputs, d: Draft, replicas: int, resume: Verdict | None) -> bool:
     """Kept pods are still taking their plans (resend them; no new pod before they did): True. Those whose
     time is up are replaced by new pods for their ranks."""
-    pending, overdue, left = handover.follow(d.status, d.attempt, inp.pods, inp.now, inp.config)
+    pending, overdue, left = handover.follow(d.status, d.attempt, inp.pods, inp.now, inp.config,
+                                             inp.undeliverable)
     if overdue:
-        why = (f"the agents of {', '.join(overdue)} did not take attempt {d.attempt}'s plan within "
-               f"{inp.config.in_place_ack_seconds:g}s: replacing them with new pods")
+        reasons: dict[str, list[str]] = {}
+        for name, reason in overdue.items():
+            reasons.setdefault(reason, []).append(name)
+        why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        why = f"attempt {d.attempt}'s plan did not reach every kept pod ({why}): replacing them with new pods"
         replace = set(overdue)
         if handover.master(d.status, d.attempt) in replace:  # the rendezvous host: every plan names it
-            replace |= {p.name for p in d.current(inp)}
-            handover.drop_master(d.status)
+            replace |= {p.name for p in d.current(inp)} | set(pending)
+            pending = {}
+            handover.give_up(d.status)
             why += "; the rendezvous host was among them, so the whole attempt gets new pods"
         d.fence([p for p in inp.pods if p.name in replace])
         history.note_fallback(d.status, d.attempt, sorted(replace), why)
