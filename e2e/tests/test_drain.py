@@ -14,24 +14,25 @@ import pytest
 
 from e2e import scenarios
 from e2e.cluster import ClusterLike, wait_for
-from e2e.support import node_of, running_attempt
+from e2e.support import get_job, node_of, running_attempt
+from resilient_operator import constants as c
 
 pytestmark = [pytest.mark.cluster]
 
 
-def submit(cluster: ClusterLike, ns: str, name: str) -> dict[str, Any]:
+def submit(cluster: ClusterLike, ns: str, name: str, **spec: Any) -> dict[str, Any]:
     scenarios.shared_claim(cluster, ns)
     # 3 of the 4 pool nodes: the restart without the drained node still has full size; checkpoints are rare,
     # so any step not recomputed is the SIGTERM checkpoint's doing.
     job = scenarios.example_job(name, ns, replicas=3, min_replicas=2, steps=400, checkpoint_every=100,
-                                step_delay=0.2, grow_back=False)
+                                step_delay=0.2, grow_back=False, **spec)
     cluster.apply(job)
     return job
 
 
-def started(cluster: ClusterLike, ns: str, name: str) -> list[Any]:
+def started(cluster: ClusterLike, ns: str, name: str, **spec: Any) -> list[Any]:
     """The job submitted, its first attempt running and past step 5; its pods."""
-    submit(cluster, ns, name)
+    submit(cluster, ns, name, **spec)
     old = running_attempt(cluster, ns, name, 1, 3, timeout=180)
     scenarios.wait_steps(cluster, ns, old[0].metadata.name, 5)
     return old
@@ -48,6 +49,28 @@ def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns:
         scenarios.moved_at_its_step(cluster, ns, name, old, node, t0)
     finally:
         cluster.kubectl("uncordon", node)
+
+
+@pytest.mark.timeout(420)
+def test_cordon_in_place_replaces_only_the_cordoned_pod_and_moves_at_its_step(cluster: ClusterLike,
+                                                                              job_ns: str) -> None:
+    """restartStrategy InPlace: only the cordoned node's pod is deleted; its SIGTERM stops the whole gang at its
+    step (every rank saves), the two other pods (same uids) take the plan once that checkpoint is complete,
+    and one new pod takes the third rank on the free pool node: no step trained twice."""
+    ns, name = job_ns, "cordon-in-place"
+    old = started(cluster, ns, name, restartStrategy=c.RestartStrategy.IN_PLACE.value)
+    node = node_of(old, "1")
+    others = {p.metadata.name: p.metadata.uid for p in old if p.spec.node_name != node}
+    t0 = time.monotonic()
+    cluster.kubectl("cordon", node)
+    try:
+        scenarios.moved_at_its_step(cluster, ns, name, old, node, t0)
+    finally:
+        cluster.kubectl("uncordon", node)
+    now = {p.metadata.name: p.metadata.uid for p in running_attempt(cluster, ns, name, 2, 3)}
+    assert {n: now.get(n) for n in others} == others  # the same pods carry on
+    entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 2)
+    assert entry["restart"] == "InPlace" and entry["kept"] == sorted(others), entry
 
 
 @pytest.mark.timeout(420)

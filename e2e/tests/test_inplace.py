@@ -1,6 +1,7 @@
 """restartStrategy InPlace on a real control plane: a node loss keeps the surviving pods (same pods, same
 uids), their agents take the operator's signed plan, the job resumes smaller from the newest complete
-checkpoint without a single new pod and ends with the right model; pods with no agent are replaced at once;
+checkpoint without a single new pod, grows back in place when the node returns (one new pod) and ends with
+the right model; pods with no agent are replaced at once;
 a plan the operator did not sign is refused."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from e2e import scenarios, support
 from e2e.cluster import ClusterLike, HasNetns, wait_for
 from e2e.support import events, get_job, job_pods, node_of, running_attempt, wait_phase
+from resilient_contract import lineage, storage
 from resilient_contract import plan as agent_plan
 from resilient_operator import constants as c
 
@@ -23,13 +26,18 @@ IN_PLACE = {"restartStrategy": c.RestartStrategy.IN_PLACE.value}
 
 
 @pytest.mark.timeout(600)
-def test_node_loss_in_place_keeps_the_survivors_and_ends_with_the_right_model(
+def test_node_loss_then_grow_back_in_place_keep_the_survivors_and_end_with_the_right_model(
     cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
 ) -> None:
+    """4 -> 3 in place after a node loss (no pod created), then the node returns and the job grows back to 4 in
+    place at its next checkpoint: the same 3 pods carry on and exactly one pod is created, for rank 3."""
     import torch
 
     ns, name = job_ns, "inplace"
-    job = scenarios.submit_example(cluster, ns, name, steps=scenarios.STEPS, **IN_PLACE)
+    # badNodeSeconds=0: the returning node is the capacity the grow-back is about (bad-node memory has its own
+    # tests); saves every 3 steps and 0.8 s steps leave the grow-back a checkpoint to happen at
+    job = scenarios.submit_example(cluster, ns, name, steps=scenarios.STEPS, checkpoint_every=3, step_delay=0.8,
+                                   badNodeSeconds=0, **IN_PLACE)
     pods = running_attempt(cluster, ns, name, 1, 4, timeout=180)
     uids = {p.metadata.name: p.metadata.uid for p in pods}
     scenarios.first_complete_checkpoint(cluster, job)
@@ -49,16 +57,66 @@ def test_node_loss_in_place_keeps_the_survivors_and_ends_with_the_right_model(
     assert {p.metadata.name: p.metadata.uid for p in now} == {n: uids[n] for n in kept}
     assert sorted(p.metadata.labels[c.LABEL_RANK] for p in now) == ["0", "1", "2"]
 
+    cluster.restore_node(lost_node)
+    grown = running_attempt(cluster, ns, name, 3, 4, timeout=180)
+    entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 3)
+    assert entry["restart"] == "InPlace" and entry["kept"] == kept and entry["replaced"] == [], entry
+    created = {p.metadata.name: p.metadata.labels[c.LABEL_RANK] for p in grown if p.metadata.name not in uids}
+    assert list(created.values()) == ["3"], created  # the one new pod takes the new rank
+    assert {p.metadata.name: p.metadata.uid for p in grown if p.metadata.name in uids} == {n: uids[n] for n in kept}
+
     final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
-    assert final["restarts"]["infrastructure"] == 1
+    assert final["restarts"]["infrastructure"] == 1 and final["restarts"]["planned"] == 1
     rank0 = next(p.metadata.name for p in job_pods(cluster, ns, name) if p.metadata.labels[c.LABEL_RANK] == "0")
     result = scenarios.result_line(scenarios.trainer_log(cluster, ns, rank0))
-    assert result and result["step"] == str(scenarios.STEPS) and result["world_size"] == "3"
+    assert result and result["step"] == str(scenarios.STEPS) and result["world_size"] == "4"
     state = torch.load(scenarios.host_root(cluster, job).with_suffix(".pt"), weights_only=False)
     diff = scenarios.relative_difference(reference["model"], state["model"])
     print(f"final model vs failure-free reference: relative difference {diff:.2e}")
     assert diff <= scenarios.TOLERANCE
     assert any("in place (kept 3 pods" in e for e in events(cluster, ns, name))
+
+
+@pytest.mark.timeout(600)
+def test_a_partitioned_pod_is_replaced_never_reused_and_the_lineage_stays_clean(
+    cluster: ClusterLike, job_ns: str, reference: dict[str, Any]
+) -> None:
+    """A partition in place: rank 1's node stops reporting but its container runs on (its kubelet is frozen).
+    Its pod is on a lost node, so it is never kept: the survivor (same uid) takes the plan and rank 1 gets a
+    new pod elsewhere. The cut-off worker is still alive when the survivor's agent stops the old workers, so
+    the whole old gang sees the stop (the preemption flag rides the step's all-reduce) and may save on its way
+    out; whatever it wrote, the newest complete checkpoint at the end is the new lineage's and the model is
+    right."""
+    import torch
+
+    ns, name = job_ns, "cutoff"
+    job = scenarios.submit_example(cluster, ns, name, replicas=2, min_replicas=1, steps=scenarios.STEPS,
+                                   checkpoint_every=3, step_delay=0.8, **IN_PLACE)
+    pods = running_attempt(cluster, ns, name, 1, 2, timeout=180)
+    uid = get_job(cluster, ns, name)["metadata"]["uid"]
+    scenarios.first_complete_checkpoint(cluster, job)
+    node = node_of(pods, "1")
+    cut_off = next(p.metadata.name for p in pods if p.spec.node_name == node)
+    survivor = next(p for p in pods if p.metadata.name != cut_off)
+    support.pause_node_agent(cluster, node)
+    now = running_attempt(cluster, ns, name, 2, 2, timeout=120)
+    by_name = {p.metadata.name: p for p in now}
+    assert cut_off not in by_name and node not in {p.spec.node_name for p in now}  # replaced, never reused
+    assert by_name[survivor.metadata.name].metadata.uid == survivor.metadata.uid
+    entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 2)
+    assert entry["restart"] == "InPlace" and entry["kept"] == [survivor.metadata.name], entry
+
+    final = wait_phase(cluster, ns, name, c.SUCCEEDED, 300)
+    assert final["attempt"] == 2, final["history"]
+    root = scenarios.host_root(cluster, job)
+    latest = storage.discover(str(root), job=uid).latest
+    assert latest is not None
+    writer = lineage.parse_writer((Path(latest.path) / lineage.WRITER_FILE).read_bytes())
+    assert writer == (uid, 2), (latest, writer)
+    state = torch.load(root.with_suffix(".pt"), weights_only=False)
+    diff = scenarios.relative_difference(reference["model"], state["model"])
+    print(f"\nin place after a partition: final model vs reference {diff:.2e}")
+    assert diff <= scenarios.TOLERANCE
 
 
 @pytest.mark.timeout(300)

@@ -9,6 +9,7 @@ controller ownerReference (uid), never a label.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -67,6 +68,19 @@ def job_view(obj: Mapping[str, Any]) -> Job:
         return Job(spec=_stand_in(raw), problem=str(exc), **base)
 
 
+MAX_GRACE_SECONDS = 3600.0  # an in-place drain waits at most this long for the stopped gang's checkpoint
+
+
+def grace_seconds(template: Mapping[str, Any]) -> float:
+    """The pods' terminationGracePeriodSeconds (Kubernetes' 30 when unset). Only a wait is bounded by it, so a
+    value the API server will refuse at pod creation is not this parser's to refuse: it counts as unset."""
+    pod = template.get("spec")
+    value = pod.get("terminationGracePeriodSeconds") if isinstance(pod, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return 30.0
+    return float(min(value, MAX_GRACE_SECONDS))
+
+
 def job_spec(spec: Mapping[str, Any]) -> JobSpec:
     """Parse a (CRD-defaulted) spec; raise SpecProblem naming the first field the core cannot use."""
     try:
@@ -102,6 +116,7 @@ def job_spec(spec: Mapping[str, Any]) -> JobSpec:
             restart_strategy=(c.RestartStrategy.RECREATE if spec.get("restartStrategy") == c.RestartStrategy.RECREATE
                               else c.RestartStrategy.IN_PLACE),
             local_staging=local_staging(_mapping(spec, "checkpoint"), template),
+            grace_seconds=grace_seconds(template),
         )
     except SpecProblem:
         raise

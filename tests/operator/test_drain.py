@@ -43,3 +43,20 @@ def test_affected(name: str, pods: list, lost: tuple[str, ...], affected: list[s
 
 def test_pdb_name_is_per_attempt() -> None:
     assert drain.pdb_name("demo", 3) == "demo-a3"
+
+
+@pytest.mark.parametrize(("reached", "latest", "since_s", "wait"), [
+    (42, 45, 1.0, 0.0),  # the stopped gang's checkpoint is there: launch now
+    (42, 42, 1.0, 0.0),
+    (42, 40, 1.0, 29.0),  # not yet: wait the rest of the pods' grace period
+    (42, None, 1.0, 29.0),  # no checkpoint at all yet
+    (42, 40, 30.0, 0.0),  # the grace period is over: launch from what there is (steps lost, never correctness)
+    (None, 40, 1.0, 0.0),  # nothing known to have been reached: nothing to wait for
+])  # fmt: skip
+def test_save_wait(reached: int | None, latest: int | None, since_s: float, wait: float) -> None:
+    from datetime import timedelta
+
+    from tests.operator.builders import NOW
+
+    assert drain.save_wait(reached, latest, NOW - timedelta(seconds=since_s), NOW, 30.0) == pytest.approx(wait)
+    assert drain.save_wait(reached, latest, None, NOW, 30.0) == 0.0  # an unreadable drain time never blocks

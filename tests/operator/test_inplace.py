@@ -12,7 +12,7 @@ import pytest
 from resilient_contract import environment
 from resilient_operator import constants as c
 from resilient_operator.core import inplace, reconcile
-from resilient_operator.core.model import OperatorConfig, PodView
+from resilient_operator.core.model import OperatorConfig, PodView, Progress
 from resilient_operator.core.timeutil import fmt
 from tests.operator.builders import (
     NOW,
@@ -271,3 +271,32 @@ def test_a_rendezvous_host_without_an_agent_takes_the_waiting_pods_with_it() -> 
                      config=CONFIG, undeliverable={"uid-demo-a1-0": "unreachable"})
     assert sorted(plan.delete) == ["demo-a1-0", "demo-a1-1", "demo-a1-2"] and plan.deliver == []
     assert plan.status["inPlace"]["pods"] == {} and "master" not in plan.status["inPlace"]
+
+
+def test_a_drain_in_place_deletes_only_the_draining_pod_and_waits_for_the_gangs_checkpoint() -> None:
+    """n1 is cordoned: only its pod is deleted (gracefully: its SIGTERM stops the whole gang at its step, and
+    every rank saves). The kept pods stay; the launch waits until a checkpoint at least as new as the step the
+    gang had reached is complete, then hands the three kept pods their plans from it, and creates nothing."""
+    spec = dict(IN_PLACE)
+    cordoned = nodes(node("n0"), node("n1", unschedulable=True), node("n2"), node("n3"))
+    reports = [Progress(f"demo-a1-{r}", 1, 42, NOW) for r in range(4)]
+    stop = reconcile(job(running_status(), **spec), gang(1, 4), cordoned, listing(40), NOW, progress=reports,
+                     config=CONFIG)
+    assert stop.delete == ["demo-a1-1"] and stop.force_delete == []  # graceful, and only the draining pod
+    assert stop.status["phase"] == c.RESTARTING and stop.status["lastDrain"]["step"] == 42
+    kept = [p for p in gang(1, 4) if p.name != "demo-a1-1"]
+    early = reconcile(job(stop.status, **spec), kept, cordoned, listing(40), NOW + timedelta(seconds=1),
+                      config=CONFIG)
+    assert early.status["attempt"] == 1 and early.deliver == []  # its checkpoint is not complete yet
+    assert early.requeue_after is not None and early.requeue_after <= 1.0
+    go = reconcile(job(stop.status, **spec), kept, cordoned, listing(40, 43), NOW + timedelta(seconds=2),
+                   config=CONFIG)
+    assert go.status["attempt"] == 2 and go.status["resumedFrom"]["step"] == 43
+    assert {d.pod for d in go.deliver} == {"demo-a1-0", "demo-a1-2", "demo-a1-3"}
+    assert [m for m in go.manifests() if m["kind"] == "Pod"] == []
+    assert go.status["history"][-1]["restart"] == "InPlace"
+    # a save that never completes: after the pods' grace period (30 s by default) the launch goes on
+    renewing = nodes(*(node(n, lease_age=-30.0, unschedulable=n == "n1") for n in ("n0", "n1", "n2", "n3")))
+    late = reconcile(job(stop.status, **spec), kept, renewing, listing(40), NOW + timedelta(seconds=31),
+                     config=CONFIG)
+    assert late.status["attempt"] == 2 and late.status["resumedFrom"]["step"] == 40

@@ -41,3 +41,17 @@ def test_labels_and_annotations_are_parsed_defensively() -> None:
     assert pod(1, 0).owner_uid == "uid-1" and pod(1, 0).launch_replicas == 4
     view = views.node_view({"metadata": {"name": "a"}, "status": {"allocatable": {"cpu": "lots"}}}, None)
     assert view.allocatable["cpu"] == Decimal(0)
+
+
+@pytest.mark.parametrize(("template", "seconds"), [
+    ({"spec": {"terminationGracePeriodSeconds": 5}}, 5.0),
+    ({"spec": {}}, 30.0),  # Kubernetes' default
+    ({}, 30.0),
+    ({"spec": {"terminationGracePeriodSeconds": "soon"}}, 30.0),  # the API server refuses it at pod creation
+    ({"spec": {"terminationGracePeriodSeconds": True}}, 30.0),
+    ({"spec": {"terminationGracePeriodSeconds": -1}}, 30.0),
+    ({"spec": {"terminationGracePeriodSeconds": 10**9}}, views.MAX_GRACE_SECONDS),  # an in-place drain's wait
+    ({"spec": "not a mapping"}, 30.0),
+])  # fmt: skip
+def test_the_grace_period_only_bounds_a_wait_so_a_bad_one_counts_as_unset(template: dict, seconds: float) -> None:  # type: ignore[type-arg]
+    assert views.grace_seconds(template) == seconds

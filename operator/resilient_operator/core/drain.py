@@ -11,12 +11,18 @@ next attempt starts from it without the draining nodes (smaller if need be). Cou
 a PodDisruptionBudget (maxUnavailable 0) the operator owns: evictions of its pods are refused (drain
 retries), the operator stops the whole gang itself with deletes (which a PDB does not block), drain then
 finds the node empty and completes, and the PDB is released when the next attempt starts or the job ends.
+
+In place (restartStrategy InPlace), only the pods on draining nodes are deleted. Their SIGTERM stops the
+whole gang all the same (the preemption flag rides every step's all-reduce, so every rank saves and stops),
+and the kept pods' agents wait for their plans. The launch cannot wait for the kept pods to go, as the
+recreate path does, so `save_wait` makes it wait for that checkpoint instead, within the pod's grace period.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from resilient_operator import constants as c
 from resilient_operator.core.model import NodeView, PodView
@@ -49,6 +55,19 @@ def affected(pods: Sequence[PodView], notices: Mapping[str, Notice], lost: Colle
     """The notices on nodes that host a live pod of the attempt (a lost node is a failure, not a drain)."""
     hosts = {p.node_name for p in pods if p.node_name and p.phase in ("Pending", "Running") and not p.deleting}
     return [notices[n] for n in sorted(hosts) if n in notices and n not in lost]
+
+
+def save_wait(reached: int | None, latest: int | None, since: datetime | None, now: datetime,
+              grace_seconds: float) -> float:
+    """Seconds the in-place launch after a drain still waits for the gang's SIGTERM checkpoint (0: go now).
+
+    `reached`: the step the gang had reached when the drain stopped it; `latest`: the newest complete
+    checkpoint's step. The checkpoint is there once `latest >= reached`. The wait ends anyway after the pods'
+    grace period (a save that takes longer is cut by the kubelet's SIGKILL in the drained pod too): the
+    launch then resumes from the newest checkpoint there is, losing steps, never correctness."""
+    if reached is None or since is None or (latest is not None and latest >= reached):
+        return 0.0
+    return max(0.0, grace_seconds - (now - since).total_seconds())
 
 
 def pdb_name(job: str, attempt: int) -> str:

@@ -84,6 +84,7 @@ class JobSpec:
     share_root: bool = False  # spec.checkpoint.shareRoot: may share its root with other jobs that opt in too
     restart_strategy: str = c.RestartStrategy.IN_PLACE  # spec.restartStrategy (core/inplace.py)
     local_staging: LocalStaging | None = None  # spec.checkpoint.localStaging; None: shards go straight to the root
+    grace_seconds: float = 30.0  # the template's terminationGracePeriodSeconds: how long a stopping pod may save
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class LastDrain(TypedDict, total=False):
     reason: str
     attempt: int
     time: str
+    step: int  # the step the gang had reached: an in-place launch waits for a checkpoint at least this new
 
 
 class BadNode(TypedDict, total=False):

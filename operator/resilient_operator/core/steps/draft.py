@@ -176,12 +176,16 @@ class Draft:
         return max(steps) if steps else None
 
     def stop_planned(self, inp: Inputs, current: Sequence[PodView], reason: str, phase: str, condition: str,
-                     message: str) -> None:
+                     message: str, *, in_place: bool = False) -> None:
         """A stop the job did not fail into (a drain, a requeue to grow): the lost time is planned, the attempt
-        closes with `reason`, its pods are fenced gracefully, and `condition` says what happens next."""
+        closes with `reason`, its pods are fenced gracefully (`in_place`: those that cannot carry on), and
+        `condition` says what happens next."""
         goodput.open_recovery(self.raw, c.PLANNED, inp.now, inp.now, self.reached(inp))
         self.close_history(reason)
-        self.fence(current)
+        if in_place:
+            self.fence_all_but_kept(inp, current)
+        else:
+            self.fence(current)
         self.set_phase(phase)
         self.condition(c.COND_RUNNING, False, reason, message)
         self.condition(condition, True, reason, message)

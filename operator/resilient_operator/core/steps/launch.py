@@ -44,6 +44,9 @@ def relaunch(inp: Inputs, d: Draft) -> None:
         d.fence(leftovers)
         d.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
         return
+    if kept and (save := _drain_save_wait(inp, d)):
+        d.plan.look_again(min(1.0, save))  # the discovery of the next pass may show the checkpoint
+        return
     if d.phase == c.BACKING_OFF:
         retry = parse(d.status.get("nextRetryTime"))
         if retry and inp.now < retry:
@@ -75,6 +78,15 @@ def relaunch(inp: Inputs, d: Draft) -> None:
         return
     if ok:  # otherwise the storage condition says why; retried on a timer
         _launch(inp, d, replicas)
+
+
+def _drain_save_wait(inp: Inputs, d: Draft) -> float:
+    """After a drain in place: seconds still to wait for the stopped gang's checkpoint (drain.save_wait)."""
+    last = d.status.get("lastDrain") or {}
+    if last.get("attempt") != d.attempt:
+        return 0.0
+    latest = inp.listing.latest.step if inp.listing.latest else None
+    return drain.save_wait(last.get("step"), latest, parse(last.get("time")), inp.now, inp.job.spec.grace_seconds)
 
 
 def _settling(inp: Inputs, d: Draft) -> bool:

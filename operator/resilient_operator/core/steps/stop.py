@@ -123,7 +123,9 @@ def _drain(inp: Inputs, d: Draft, current: Sequence[PodView], notices: Sequence[
     d.count_planned()
     d.status["lastDrain"] = {"nodes": [n.node for n in notices], "reason": notices[0].why, "attempt": d.attempt,
                              "time": inp.ts}
-    d.stop_planned(inp, current, c.REASON_DRAIN, c.RESTARTING, c.COND_RECOVERING, message)
+    if (reached := d.reached(inp)) is not None:  # in place, the launch waits for a checkpoint this new
+        d.status["lastDrain"]["step"] = reached
+    d.stop_planned(inp, current, c.REASON_DRAIN, c.RESTARTING, c.COND_RECOVERING, message, in_place=True)
 
 
 def _grow(inp: Inputs, d: Draft, decision: growback.Grow, current: Sequence[PodView]) -> None:
