@@ -3,8 +3,9 @@
 An in-place restart hands a kept pod's parked worker (resilient_trainer.agent's WorkerPool: torch already
 imported) its spawn; the worker then imports the script and its modules, starts the process group, builds
 the model, loads the checkpoint and steps. This runs that path for real, one worker (W=1, gloo), the example
-script resuming from a checkpoint, with and without PREWARM_MODULES imported while parked
-($RTJ_AGENT_PREWARM_IMPORTS), interleaved, and prints the medians from the spawn to each line.
+script resuming from a checkpoint, three ways, interleaved: torch alone, PREWARM_MODULES imported while parked
+($RTJ_AGENT_PREWARM_IMPORTS), and those plus agent.warm_fsdp ($RTJ_AGENT_PREWARM_FSDP, the default). It prints
+the medians from the spawn to each line.
 
     python bench/parked_worker_bench.py [--repeats 7]
 """
@@ -38,12 +39,17 @@ def seed_checkpoint(root: Path) -> Path:
     return next(root.glob("step-*"))
 
 
-def one(prewarm: bool, seed: Path, work: Path) -> dict[str, float]:
+VARIANTS = {"torch only": ("0", "0"), "+ library": ("1", "0"), "+ FSDP warm-up": ("1", "1")}
+
+
+def one(variant: str, seed: Path, work: Path) -> dict[str, float]:
     """Park a worker, wait until it is ready (and idle), hand it the spawn, time each mark from the hand-over."""
     root = work / f"root-{time.monotonic_ns()}"
     shutil.copytree(seed, root / seed.name)
     read, write = os.pipe()
-    env = {**os.environ, agent.READY_FD_ENV: str(write), agent.PREWARM_IMPORTS_ENV: "1" if prewarm else "0"}
+    imports, fsdp = VARIANTS[variant]
+    env = {**os.environ, agent.READY_FD_ENV: str(write), agent.PREWARM_IMPORTS_ENV: imports,
+           agent.PREWARM_FSDP_ENV: fsdp}
     env.pop("RANK", None)
     proc = subprocess.Popen([sys.executable, "-u", "-m", agent.MODULE, agent.WORKER_FLAG], env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -75,17 +81,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         seed = seed_checkpoint(work / "seed")
-        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for _ in range(args.repeats):
-            for prewarm in (False, True):  # interleaved: a drifting load hits both alike
-                runs[prewarm].append(one(prewarm, seed, work))
+            for variant in VARIANTS:  # interleaved: a drifting load hits each alike
+                runs[variant].append(one(variant, seed, work))
     print(f"seconds from the spawn handed to a parked worker (W=1, example script), medians of {args.repeats}; "
           f"load {os.getloadavg()[0]:.1f}")
-    print(f"{'line':<14}{'torch only':>12}{'+ library':>12}{'saved':>8}")
+    print(f"{'line':<14}" + "".join(f"{v:>16}" for v in VARIANTS))
     for mark in MARKS:
-        a = statistics.median(r[mark] for r in runs[False])
-        b = statistics.median(r[mark] for r in runs[True])
-        print(f"{mark:<14}{a:>12.2f}{b:>12.2f}{a - b:>8.2f}")
+        print(f"{mark:<14}" + "".join(f"{statistics.median(r[mark] for r in runs[v]):>16.2f}" for v in VARIANTS))
 
 
 if __name__ == "__main__":

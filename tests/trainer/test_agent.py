@@ -384,6 +384,63 @@ def test_a_parked_worker_imports_the_library_not_the_script(tmp_path: Path, impo
         assert json.loads(report.read_text()) == expected
 
 
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_the_fsdp_warm_up_leaves_no_process_group_behind_and_warms_fully_shard(tmp_path: Path) -> None:
+    """warm_fsdp ran FSDP2 in a one-rank group of its own while parked: the script finds no process group (its
+    own init_process_group works) and its first fully_shard is warm."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    report = tmp_path / "report.json"
+    script.write_text("import json, time, torch, torch.distributed as dist\n"
+                      "initialized = dist.is_initialized()\n"
+                      "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+                      "from torch.distributed.device_mesh import init_device_mesh\n"
+                      "from torch.distributed.fsdp import fully_shard\n"
+                      "t = time.perf_counter()\n"
+                      "fully_shard(torch.nn.Linear(8, 8), mesh=init_device_mesh('cpu', (1,)))\n"
+                      "shard = time.perf_counter() - t\n"
+                      "dist.destroy_process_group()\n"
+                      f"json.dump(dict(initialized=initialized, shard=shard), open({str(report)!r}, 'w'))\n")
+
+    def shard_in_parked_worker(fsdp: str) -> dict[str, Any]:
+        read, write = os.pipe()
+        env = {**os.environ, agent.READY_FD_ENV: str(write), agent.PREWARM_IMPORTS_ENV: "1",
+               agent.PREWARM_FSDP_ENV: fsdp}
+        proc = subprocess.Popen([sys.executable, "-u", "-m", agent.MODULE, agent.WORKER_FLAG], env=env,
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write,))
+        os.close(write)
+        assert os.read(read, 1) == b"1"  # parked (and warmed, if asked)
+        os.close(read)
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(json.dumps({"argv": [str(script)], "environ": env}).encode() + b"\n")
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        assert b"warm-up skipped" not in proc.stderr.read()
+        return dict(json.loads(report.read_text()))
+
+    warm, cold = shard_in_parked_worker("1"), shard_in_parked_worker("0")
+    assert warm["initialized"] is False and cold["initialized"] is False
+    assert warm["shard"] < cold["shard"] / 3, (warm, cold)  # ~0.01 s against ~0.6 s on an idle core
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_the_fsdp_warm_up_leaves_the_rng_state_as_it_found_it() -> None:
+    """Exactness: whatever the script seeds or not, the warm-up's toy module and input draw nothing from the
+    global generator."""
+    import subprocess
+
+    code = ("import torch, torch.distributed as dist\n"
+            "from resilient_trainer import agent\n"
+            "before = torch.get_rng_state()\n"
+            "agent.warm_fsdp()\n"
+            "print(torch.equal(before, torch.get_rng_state()), dist.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=90)
+    assert out.stdout.split() == ["True", "False"], out.stderr
+
+
 def test_config_needs_all_four_variables() -> None:
     assert agent.config({}) is None and agent.config({plan.AGENT_PORT_ENV: "0"}) is None
     full = {plan.AGENT_PORT_ENV: "29401", plan.PUBLIC_KEY_ENV: "k", plan.POD_UID_ENV: "p", environment.JOB_UID: "j",

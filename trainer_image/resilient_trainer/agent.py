@@ -63,6 +63,7 @@ DEFAULT_STOP_GRACE_SECONDS = 1.0
 PREWARM_ENV = "RTJ_AGENT_PREWARM"  # "0": no parked next generation (start-up on the critical path)
 PREWARM_WORKERS_ENV = "RTJ_AGENT_PREWARM_WORKERS"  # "0": the parked generation starts no workers ahead
 PREWARM_IMPORTS_ENV = "RTJ_AGENT_PREWARM_IMPORTS"  # "0": parked workers import torch only, not PREWARM_MODULES
+PREWARM_FSDP_ENV = "RTJ_AGENT_PREWARM_FSDP"  # "0": parked workers skip the FSDP2 warm-up (warm_fsdp)
 WORKER_FLAG = "--worker"
 MODULE = "resilient_trainer.agent"  # not __name__: that is "__main__" in the processes it starts
 PARK_DELAY_SECONDS = 10.0  # the next generation parks after the running one's first step, or this long
@@ -715,15 +716,47 @@ class WorkerPool:
         return True
 
 
+def warm_fsdp() -> None:
+    """Run FSDP2 once on a toy module in a throwaway one-rank gloo group (an in-memory store, no socket to a
+    peer), then destroy the group: the first `fully_shard` of a process pays for DTensor's and FSDP's lazy
+    set-up (sharding rules, op schemas, hooks), ~0.6 s on an idle core, ~1 s on a loaded one, which a parked
+    worker pays here, before its plan. No user code runs, and the global RNG state is left as it was. Any
+    failure is ignored: the worker then pays that cost after its plan, as before."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        with torch.random.fork_rng(devices=[]):
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            try:
+                toy = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+                mesh = init_device_mesh("cpu", (1,))
+                fully_shard(toy[0], mesh=mesh)
+                fully_shard(toy, mesh=mesh)
+                toy(torch.randn(2, 8)).sum().backward()
+                torch.optim.AdamW(toy.parameters()).step()
+            finally:
+                dist.destroy_process_group()
+    except Exception as exc:  # a torch without these, a gloo that cannot start here: pay it later
+        print(f"rtj-agent: parked worker: FSDP warm-up skipped ({type(exc).__name__}: {exc})", file=sys.stderr,
+              flush=True)
+
+
 def parked_worker_main() -> int:
     """`python -m resilient_trainer.agent --worker`: one of a WorkerPool's processes."""
     parent = os.environ.get(LAUNCHER_PID_ENV)
     die_with_parent(int(parent) if parent and parent.isdigit() else None)
     torch = importlib.import_module("torch")
     importlib.import_module("torch.distributed")
-    for module in PREWARM_MODULES if os.environ.get(PREWARM_IMPORTS_ENV, "1") != "0" else ():
+    library = os.environ.get(PREWARM_IMPORTS_ENV, "1") != "0"
+    for module in PREWARM_MODULES if library else ():
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    if library and os.environ.get(PREWARM_FSDP_ENV, "1") != "0":
+        warm_fsdp()
     _signal_ready(os.environ.pop(READY_FD_ENV, ""))
     spec = _take_spec()
     if spec is None:
