@@ -30,6 +30,9 @@ def test_a_signed_plan_verifies_and_becomes_the_worker_environment() -> None:
     pytest.param(json.dumps({"plan": {**json.loads(plan.sign(PLAN, KEY))["plan"], "attempt": 9},
                              "signature": json.loads(plan.sign(PLAN, KEY))["signature"]}).encode(),
                  "job-1", "pod-1", plan.NotForUs, id="edited after signing"),
+    pytest.param(json.dumps({"plan": {**json.loads(plan.sign(PLAN, KEY))["plan"], "master_agent_port": 1},
+                             "signature": json.loads(plan.sign(PLAN, KEY))["signature"]}).encode(),
+                 "job-1", "pod-1", plan.NotForUs, id="host's agent port edited after signing"),
     pytest.param(b"not json", "job-1", "pod-1", plan.PlanError, id="malformed"),
     pytest.param(b"x" * (plan.MAX_BODY_BYTES + 1), "job-1", "pod-1", plan.PlanError, id="too big"),
     pytest.param(plan.sign(replace(PLAN, node_rank=3), KEY), "job-1", "pod-1", plan.PlanError, id="rank >= nnodes"),
@@ -37,3 +40,10 @@ def test_a_signed_plan_verifies_and_becomes_the_worker_environment() -> None:
 def test_a_plan_not_for_this_pod_is_refused(body: bytes, job: str, pod: str, error: type[Exception]) -> None:
     with pytest.raises(error):
         plan.verify(body, PUBLIC, job, pod)
+
+
+def test_a_plan_without_the_hosts_agent_port_parses_as_zero() -> None:
+    """Zero: the agent does not wait for the host, as before the field."""
+    raw = json.loads(plan.sign(PLAN, KEY))["plan"]
+    del raw["master_agent_port"]
+    assert plan.Plan.from_dict(raw).master_agent_port == 0

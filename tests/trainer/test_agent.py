@@ -15,6 +15,7 @@ import signal
 import socket
 import statistics
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -143,9 +144,10 @@ def post(port: int, body: bytes, timeout: float = 60) -> tuple[int, dict[str, An
 
 
 def signed(pod: str, attempt: int, *, port: int, nnodes: int = 1, node_rank: int = 0, resume_from: str = "",
-           key: bytes = KEY, job_uid: str = JOB_UID) -> bytes:
+           key: bytes = KEY, job_uid: str = JOB_UID, master_agent_port: int = 0) -> bytes:
     return plan.sign(plan.Plan(job_uid=job_uid, pod_uid=pod, attempt=attempt, nnodes=nnodes, node_rank=node_rank,
-                               master_addr="127.0.0.1", master_port=port, resume_from=resume_from), key)
+                               master_addr="127.0.0.1", master_port=port, resume_from=resume_from,
+                               master_agent_port=master_agent_port), key)
 
 
 def events(tmp: Path, event: str | None = None, **match: Any) -> list[dict[str, Any]]:
@@ -216,6 +218,34 @@ def test_two_survivors_swap_ranks(launcher: Launcher, tmp_path: Path) -> None:
     ranks = {e["pod"]: (e["rank"], e["world_size"]) for e in events(tmp_path, "start", attempt=2)}
     assert ranks == {"pod-a": ("1", "2"), "pod-b": ("0", "2")}
     assert [e["total"] for e in events(tmp_path, "done")] == [3, 3]
+    no_overlap(tmp_path)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_a_rank_waits_for_the_rendezvous_hosts_agent_before_starting(launcher: Launcher, tmp_path: Path) -> None:
+    """The plans reach rank 1 before rank 0, on the same rendezvous port: rank 1's agent stops its workers
+    but starts the new torchrun only once rank 0's agent runs attempt 2 (before, it could meet rank 0's old
+    store, which then went away under it: a failed attempt). Both switch and finish."""
+    port = free_port()
+    modes = {"AGENT_TEST_MODE_1": "wait"}
+    pods = {name: start_pod(launcher, tmp_path, name, port=port, nnodes=2, node_rank=rank, **modes)
+            for rank, name in enumerate(("pod-a", "pod-b"))}
+    assert wait_for(lambda: len(events(tmp_path, "ready", attempt=1)) == 2, 120), pods["pod-a"][0].tail()
+    host_agent = pods["pod-a"][1]
+    answers: list[int] = []
+    early = threading.Thread(target=lambda: answers.append(post(pods["pod-b"][1], signed(
+        "pod-b", 2, port=port, nnodes=2, node_rank=1, master_agent_port=host_agent))[0]))
+    early.start()
+    assert not wait_for(lambda: answers, 1.0)  # rank 1 waits while the host runs attempt 1
+    assert (health(pods["pod-b"][1]) or {}).get("attempt") == 1 and not events(tmp_path, "start", attempt=2)
+    assert post(host_agent, signed("pod-a", 2, port=port, nnodes=2, node_rank=0))[0] == 200
+    early.join(30)
+    assert answers == [200]
+    for run, _ in pods.values():
+        assert run.wait(120) == [0], run.tail()
+    assert sorted(e["pod"] for e in events(tmp_path, "start", attempt=2)) == ["pod-a", "pod-b"]
+    assert "starting anyway" not in pods["pod-b"][0].tail()
     no_overlap(tmp_path)
 
 

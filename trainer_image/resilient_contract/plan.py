@@ -61,6 +61,9 @@ class Plan:
     master_addr: str
     master_port: int
     resume_from: str  # "" = from scratch
+    # The rendezvous host's agent port (0: unknown). An agent of another rank starts its torchrun only once
+    # that agent runs this attempt: until then an old generation's store may still listen on master_port.
+    master_agent_port: int = 0
 
     def environ(self) -> dict[str, str]:
         """The variables this plan overrides in the pod's injected environment (environment.py's names)."""
@@ -82,7 +85,8 @@ class Plan:
                 job_uid=_text(raw, "job_uid"), pod_uid=_text(raw, "pod_uid"), attempt=_int(raw, "attempt", 1),
                 nnodes=_int(raw, "nnodes", 1), node_rank=_int(raw, "node_rank", 0),
                 master_addr=_text(raw, "master_addr"), master_port=_int(raw, "master_port", 1),
-                resume_from=_text(raw, "resume_from", empty=True))
+                resume_from=_text(raw, "resume_from", empty=True),
+                master_agent_port=_int(raw, "master_agent_port", 0) if "master_agent_port" in raw else 0)
         except KeyError as exc:
             raise PlanError(f"plan: missing {exc.args[0]}") from None
         if plan.node_rank >= plan.nnodes:

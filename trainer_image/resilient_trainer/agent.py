@@ -35,6 +35,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import functools
+import http.client
 import importlib
 import json
 import os
@@ -68,6 +69,7 @@ WORKER_FLAG = "--worker"
 MODULE = "resilient_trainer.agent"  # not __name__: that is "__main__" in the processes it starts
 PARK_DELAY_SECONDS = 10.0  # the next generation parks after the running one's first step, or this long
 CONFIRM_SECONDS = 10.0  # killed processes must be gone within this, or the plan is answered 500
+HOST_WAIT_SECONDS = 3.0  # a rank > 0 waits at most this long for the rendezvous host's agent (_await_host)
 READ_TIMEOUT_SECONDS = 5.0  # every socket read of a request
 REQUEST_SECONDS = 10.0  # a whole request, however slowly its bytes trickle in
 MAX_CONNECTIONS = 16  # concurrent requests; more are closed unanswered
@@ -391,6 +393,8 @@ class Agent:
             if not self._stop(gen):
                 return 500, {"error": f"the workers of attempt {gen.attempt} did not stop"}
             stopped = time.monotonic() - t0
+            if new.node_rank and new.master_agent_port:
+                self._await_host(new)
             if self.terminating:
                 return 503, {"error": "the agent is exiting"}
             launch.clear_termination_message(completion.termination_log_path(self.base))
@@ -408,6 +412,30 @@ class Agent:
                      f"started in {time.monotonic() - t0 - stopped:.2f} s)")
             threading.Thread(target=self._park_when_started, args=(self.current,), daemon=True).start()
         return 200, {"attempt": new.attempt, "state": plan.STARTED}
+
+    def _await_host(self, new: plan.Plan) -> None:
+        """torchrun's store is served by rank 0's torchrun. Until rank 0's agent has stopped its old generation,
+        that generation's store may still listen on the master port; a torchrun of ours that connected to it
+        fails when it goes ("Failed to recv ... Connection was likely closed": an application failure that
+        spends the job's budget, seen when the plans reached rank 1 before rank 0). So wait until the host's
+        agent says it runs this attempt (or a newer one), polling its /healthz, at most HOST_WAIT_SECONDS;
+        then start anyway (the answer is another pod's, so it can only make this start sooner or later)."""
+        host = f"[{new.master_addr}]" if ":" in new.master_addr else new.master_addr
+        deadline = time.monotonic() + HOST_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            conn = http.client.HTTPConnection(host, new.master_agent_port, timeout=0.5)  # no proxy, unlike urllib
+            try:
+                conn.request("GET", HEALTH_PATH)
+                attempt = json.loads(conn.getresponse().read(4096)).get("attempt")
+                if isinstance(attempt, int) and attempt >= new.attempt:
+                    return
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.05)
+        self.log(f"the rendezvous host's agent did not report attempt {new.attempt} within "
+                 f"{HOST_WAIT_SECONDS:g} s: starting anyway")
 
     def health(self) -> dict[str, Any]:
         gen = self.current

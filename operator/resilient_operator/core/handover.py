@@ -39,7 +39,7 @@ def delivery(job: Job, config: OperatorConfig, pod: PodView, rank: int, attempt:
     """One kept pod's signed-to-be plan and the labels that move it into `attempt` once it acknowledges."""
     plan = AgentPlan(job_uid=job.uid, pod_uid=pod.uid, attempt=attempt, nnodes=replicas, node_rank=rank,
                      master_addr=render.pod_host(job, master), master_port=job.spec.master_port,
-                     resume_from=resume.path if resume else "")
+                     resume_from=resume.path if resume else "", master_agent_port=config.agent_port)
     annotations = {c.ANNOTATION_REPLICAS: str(replicas)}
     if resume:
         annotations[c.ANNOTATION_RESUME_FROM] = resume.path
