@@ -41,7 +41,11 @@ def started(cluster: ClusterLike, ns: str, name: str, **spec: Any) -> list[Any]:
 @pytest.mark.timeout(420)
 def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns: str) -> None:
     ns, name = job_ns, "cordon"
-    old = started(cluster, ns, name)
+    cordon_and_move(cluster, ns, name, started(cluster, ns, name))
+
+
+def cordon_and_move(cluster: ClusterLike, ns: str, name: str, old: list[Any]) -> str:
+    """Cordon rank 1's node; the gang moves at its step (scenarios.moved_at_its_step); uncordoned after."""
     node = node_of(old, "1")
     t0 = time.monotonic()
     cluster.kubectl("cordon", node)
@@ -49,6 +53,7 @@ def test_cordon_moves_the_gang_at_its_current_step(cluster: ClusterLike, job_ns:
         scenarios.moved_at_its_step(cluster, ns, name, old, node, t0)
     finally:
         cluster.kubectl("uncordon", node)
+    return node
 
 
 @pytest.mark.timeout(420)
@@ -59,14 +64,8 @@ def test_cordon_in_place_replaces_only_the_cordoned_pod_and_moves_at_its_step(cl
     and one new pod takes the third rank on the free pool node: no step trained twice."""
     ns, name = job_ns, "cordon-in-place"
     old = started(cluster, ns, name, restartStrategy=c.RestartStrategy.IN_PLACE.value)
-    node = node_of(old, "1")
-    others = {p.metadata.name: p.metadata.uid for p in old if p.spec.node_name != node}
-    t0 = time.monotonic()
-    cluster.kubectl("cordon", node)
-    try:
-        scenarios.moved_at_its_step(cluster, ns, name, old, node, t0)
-    finally:
-        cluster.kubectl("uncordon", node)
+    others = {p.metadata.name: p.metadata.uid for p in old if p.spec.node_name != node_of(old, "1")}
+    cordon_and_move(cluster, ns, name, old)
     now = {p.metadata.name: p.metadata.uid for p in running_attempt(cluster, ns, name, 2, 3)}
     assert {n: now.get(n) for n in others} == others  # the same pods carry on
     entry = next(e for e in get_job(cluster, ns, name)["status"]["history"] if e["attempt"] == 2)
