@@ -192,22 +192,32 @@ class KindCluster(ClusterTools):
         return cluster
 
     def load_image(self, ref: str, nodes: Sequence[str]) -> None:
-        """`kind load docker-image` into `nodes`, then drop the layer blobs each node's containerd keeps beside
-        the unpacked snapshots (the trainer's are 1.9 GB a node; kind's own discard_unpacked_layers covers
-        pulls, not imports)."""
-        self.runner(["kind", "load", "docker-image", ref, "--name", self.name, "--nodes", ",".join(nodes)],
-                    timeout=1800)
-        for node in nodes:
-            ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io"]
-            listing = self.runner([*ctr, "images", "ls", f"name=={ref}"]).stdout.splitlines()
-            digests = [line.split()[2] for line in listing[1:] if line.split()[:1] == [ref]]
-            layers: list[str] = []
-            while digests:
-                blob = json.loads(self.runner([*ctr, "content", "get", digests.pop()]).stdout)
-                digests += [m["digest"] for m in blob.get("manifests", [])]  # an index: its manifests
-                layers += [layer["digest"] for layer in blob.get("layers", [])]
-            if layers:
-                self.runner([*ctr, "content", "rm", *layers], check=False)
+        """Load `ref` into `nodes` one node at a time from one `docker save` archive, dropping the layer blobs
+        each node's containerd keeps beside the unpacked snapshots before the next node (kind's own
+        discard_unpacked_layers covers pulls, not imports). `kind load docker-image --nodes a,b,c,d` held
+        every node's blobs and snapshots at once: the CPU trainer is 3.3 GB unpacked, so four workers peaked
+        near 27 GB and filled a CI disk (ENOSPC in `ctr images import`); node by node it peaks near 17 GB."""
+        archive = self.dir / f"load-{secrets.token_hex(4)}.tar"
+        try:
+            self.runner(["docker", "save", "-o", str(archive), ref], timeout=1800)
+            for node in nodes:
+                self.runner(["kind", "load", "image-archive", str(archive), "--name", self.name, "--nodes", node],
+                            timeout=1800)
+                self._drop_layer_blobs(node, ref)
+        finally:
+            archive.unlink(missing_ok=True)
+
+    def _drop_layer_blobs(self, node: str, ref: str) -> None:
+        ctr = ["docker", "exec", node, "ctr", "--namespace=k8s.io"]
+        listing = self.runner([*ctr, "images", "ls", f"name=={ref}"]).stdout.splitlines()
+        digests = [line.split()[2] for line in listing[1:] if line.split()[:1] == [ref]]
+        layers: list[str] = []
+        while digests:
+            blob = json.loads(self.runner([*ctr, "content", "get", digests.pop()]).stdout)
+            digests += [m["digest"] for m in blob.get("manifests", [])]  # an index: its manifests
+            layers += [layer["digest"] for layer in blob.get("layers", [])]
+        if layers:
+            self.runner([*ctr, "content", "rm", *layers], check=False)
 
     # ------------------------------------------------------------ nodes
     def node_name(self, name: str) -> str:

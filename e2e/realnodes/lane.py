@@ -33,6 +33,7 @@ INFRA = "infra"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
 # The example's requests/limits (examples/job.yaml) plus the pool's one fake GPU: Guaranteed QoS, so the
 # kubelet writes both into the pod's cgroup.
+NODE_LOSS_TIMEOUT = 8  # seconds; see lane_job
 WORKER_LIMITS = {"cpu": "1", "memory": "2Gi", c.GPU_RESOURCE: "1"}
 
 
@@ -183,7 +184,13 @@ def operator_exec(cluster: RealCluster, *cmd: str) -> Any:
 
 
 def lane_job(name: str, namespace: str, cpu: str = "1", **kw: Any) -> dict[str, Any]:
-    """scenarios.example_job with the example's cpu/memory limits kept (the process substrate drops them)."""
+    """scenarios.example_job with the example's cpu/memory limits kept (the process substrate drops them).
+
+    The node-loss timeout is NODE_LOSS_TIMEOUT, not the 4 s of the other substrates: these kubelets renew a
+    4 s Lease each second on a 2-core host that also runs the cluster lane, and one once missed 4 s of
+    renewals while its trainer imported torch (a spurious NodeLost that put a live node on the job's
+    bad-node list and left a later kill below minReplicas)."""
+    kw.setdefault("node_loss_timeout", NODE_LOSS_TIMEOUT)
     job = scenarios.example_job(name, namespace, **kw)
     job["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {**WORKER_LIMITS, "cpu": cpu}}
     return job
