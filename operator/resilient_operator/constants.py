@@ -238,3 +238,15 @@ WORKLOAD_PRIORITY_CLASSES = "workloadpriorityclasses"
 LABEL_QUEUE_NAME = f"{KUEUE_GROUP}/queue-name"
 LABEL_PRIORITY_CLASS = f"{KUEUE_GROUP}/priority-class"  # a WorkloadPriorityClass name
 WORKER_POD_SET = "workers"
+
+# What became of an in-place plan sent to a pod's agent (delivery.py's metric labels; core.handover's
+# InPlaceFallback messages explain the definitive ones).
+DELIVERY_ACKNOWLEDGED = "acknowledged"
+DELIVERY_REFUSED = "refused"
+DELIVERY_STALE = "stale"
+DELIVERY_MALFORMED = "malformed"
+DELIVERY_HTTP_ERROR = "http_error"
+DELIVERY_BAD_ANSWER = "bad_answer"
+DELIVERY_TIMEOUT = "timeout"
+DELIVERY_UNREACHABLE = "unreachable"
+DELIVERY_BAD_ADDRESS = "bad_address"

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Histogram
 
 from resilient_contract import plan as agent_plan
+from resilient_operator import constants as c
 from resilient_operator.core.plan import Delivery
 from resilient_operator.leader import NotLeader
 
@@ -48,16 +49,16 @@ ACKNOWLEDGED_SECONDS = Histogram(
     "rtj_plan_delivery_seconds", "From the reconcile's submit to the agent's 200 (workers stopped and restarted)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30))
 
-# results (the counter's label values)
-ACKNOWLEDGED = "acknowledged"  # 200 from the agent and the pod relabelled
-REFUSED = "refused"  # 403: not the operator's signature, or not this pod's / job's plan (e.g. an old key)
-STALE = "stale"  # 409: the agent runs a newer attempt
-MALFORMED = "malformed"  # 400
-HTTP_ERROR = "http_error"  # any other status
-BAD_ANSWER = "bad_answer"  # a 200 that does not say this attempt started, or no HTTP at all
-TIMEOUT = "timeout"
-UNREACHABLE = "unreachable"  # connection refused or reset, no route
-BAD_ADDRESS = "bad_address"  # not an IP literal: never resolved (a DNS lookup has no bound)
+# results (the counter's label values; the core's fallback messages name them too: constants.DELIVERY_*)
+ACKNOWLEDGED = c.DELIVERY_ACKNOWLEDGED  # 200 from the agent and the pod relabelled
+REFUSED = c.DELIVERY_REFUSED  # 403: not the operator's signature, or not this pod's / job's plan (e.g. an old key)
+STALE = c.DELIVERY_STALE  # 409: the agent runs a newer attempt
+MALFORMED = c.DELIVERY_MALFORMED  # 400
+HTTP_ERROR = c.DELIVERY_HTTP_ERROR  # any other status
+BAD_ANSWER = c.DELIVERY_BAD_ANSWER  # a 200 that does not say this attempt started, or no HTTP at all
+TIMEOUT = c.DELIVERY_TIMEOUT
+UNREACHABLE = c.DELIVERY_UNREACHABLE  # connection refused or reset, no route
+BAD_ADDRESS = c.DELIVERY_BAD_ADDRESS  # not an IP literal: never resolved (a DNS lookup has no bound)
 NOT_LEADER = "not_leader"  # this replica does not lead: nothing was sent
 POD_GONE = "pod_gone"  # acknowledged, but the pod (that uid) is gone: not relabelled
 PATCH_FAILED = "patch_failed"  # acknowledged, but the relabel failed (API error): sent again when asked

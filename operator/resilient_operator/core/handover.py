@@ -106,9 +106,9 @@ def follow(status: JobStatus, attempt: int, pods: Sequence[PodView], now: dateti
 
 _HINT = "its agent answered, but not with this attempt's start"
 _HINTS = {
-    "unreachable": "nothing listens on the agent port (the container's command must be resilient_trainer.launch, "
-                   "and a NetworkPolicy must let the operator in)",
-    "refused": "its agent refused the signature (an agent started with another operator's key?)",
-    "stale": "its agent runs a newer attempt",
-    "bad_address": "the pod has no usable IP",
+    c.DELIVERY_UNREACHABLE: "nothing listens on the agent port (the container's command must be "
+                            "resilient_trainer.launch, and a NetworkPolicy must let the operator in)",
+    c.DELIVERY_REFUSED: "its agent refused the signature (an agent started with another operator's key?)",
+    c.DELIVERY_STALE: "its agent runs a newer attempt",
+    c.DELIVERY_BAD_ADDRESS: "the pod has no usable IP",
 }
