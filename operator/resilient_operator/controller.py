@@ -100,7 +100,8 @@ def read_progress(job: Job, pods: list[PodView], now: datetime | None = None,
         out.append(Progress(pod=pod.name, attempt=report.attempt, step=report.step,
                             updated=_epoch(report.time, now), step_seconds=report.step_seconds,
                             slowest_rank=report.slowest_rank,
-                            first_step_at=_epoch(report.first_step_at, now) if report.first_step_at else None))
+                            first_step_at=_epoch(report.first_step_at, now) if report.first_step_at else None,
+                            hung=report.hung))
     return out
 
 

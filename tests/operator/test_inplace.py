@@ -300,3 +300,39 @@ def test_a_drain_in_place_deletes_only_the_draining_pod_and_waits_for_the_gangs_
     late = reconcile(job(stop.status, **spec), kept, renewing, listing(40), NOW + timedelta(seconds=31),
                      config=CONFIG)
     assert late.status["attempt"] == 2 and late.status["resumedFrom"]["step"] == 40
+
+
+def test_a_hang_in_place_replaces_only_the_pod_whose_rank_stopped_first() -> None:
+    """In-place agents keep their pods on a hang and put the verdict in their progress reports: the operator
+    waits for the gang's verdicts, blames the rank that stopped first (its node avoided), deletes only that
+    pod, hands the others their plans and creates one pod for the missing rank once they moved."""
+    from resilient_contract.progress import Hang
+
+    spec = dict(IN_PLACE, progressTimeoutSeconds=20, badNodeSeconds=600)
+
+    def verdict(rank: int, step: int, stalled: float, ago: float) -> Progress:
+        return Progress(f"demo-a1-{rank}", 1, step, NOW - timedelta(seconds=ago), hung=Hang(step, rank, stalled, 20))
+
+    pods = gang(1, 4)  # on n0..n3; n4 is spare
+    early = [verdict(0, 42, 20.0, 1.0)]  # one verdict, three pods still training: gather first
+    plan = reconcile(job(running_status(), **spec), pods, healthy(5), listing(40), NOW, progress=early,
+                     config=CONFIG)
+    assert "lastFailure" not in plan.status and plan.requeue_after is not None and plan.requeue_after <= 1.0
+    every = [verdict(0, 42, 20.0, 1.0), verdict(1, 42, 20.1, 1.0), verdict(2, 41, 20.0, 1.0),
+             verdict(3, 42, 20.0, 0.5)]
+    first = reconcile(job(running_status(), **spec), pods, healthy(5), listing(40), NOW, progress=every,
+                      config=CONFIG)
+    failure = first.status["lastFailure"]
+    assert failure["kind"] == c.HANG and failure["node"] == "n2" and "hang at step 41; rank 2" in failure["message"]
+    assert first.delete == ["demo-a1-2"] and first.force_delete == []  # only the pod that stopped first
+    rest = [p for p in pods if p.name != "demo-a1-2"]
+    second = reconcile(job(first.status, **spec), rest, healthy(5), listing(40), NOW, config=CONFIG)
+    st = second.status
+    assert st["attempt"] == 2 and st["replicas"] == 4 and st["history"][-1]["restart"] == "InPlace"
+    assert {d.pod: d.plan.node_rank for d in second.deliver} == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-3": 2}
+    assert [m for m in second.manifests() if m["kind"] == "Pod"] == []  # not before the kept pods moved
+    done = reconcile(job(st, **spec), moved(2, rest, st["inPlace"]["pods"], 4), healthy(5), listing(40),
+                     NOW + timedelta(seconds=1), config=CONFIG)
+    (new,) = [m for m in done.manifests() if m["kind"] == "Pod"]
+    assert new["metadata"]["labels"][c.LABEL_RANK] == "3"
+    assert "n2" in str(new["spec"]["affinity"])  # the blamed node is avoided

@@ -315,11 +315,38 @@ def test_a_script_error_ends_the_pod_at_once(launcher: Launcher, tmp_path: Path)
 
 
 @pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_a_hang_keeps_the_pod_with_its_verdict_in_the_report_until_the_next_plan(launcher: Launcher,
+                                                                                 tmp_path: Path) -> None:
+    """The watchdog kills the hung generation and writes its verdict into the pod's progress report, where
+    the operator reads it; the pod stays (lingers) and the next plan starts the next attempt in it."""
+    run, agent_port = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="hang",
+                                HOSTNAME="pod-a", AGENT_TEST_FAST_EXIT="1",  # attempt 2 makes no step to watch
+                                **{agent.LINGER_ENV: "120", progress.TIMEOUT_ENV: "4"})
+    assert wait_for(lambda: (health(agent_port) or {}).get("state") == agent.LINGERING
+                    or run.ranks[0].poll() is not None, 90), run.tail()
+    assert run.ranks[0].poll() is None, run.tail()
+    report = progress.read_report(str(tmp_path / "ckpt"), "pod-a")
+    assert report is not None and report.hung is not None, report
+    assert (report.attempt, report.hung.step, report.hung.rank, report.hung.timeout_seconds) == (1, 1, 0, 4)
+    assert report.hung.stalled_seconds >= 4
+    hung_worker = events(tmp_path, "start", attempt=1)[0]["pid"]
+    assert not alive(hung_worker)
+    assert post(agent_port, signed("pod-a", 2, port=free_port())) == (200, {"attempt": 2, "state": "started"})
+    assert run.wait(90) == [0], run.tail()
+    assert completion.read_termination_message(str(tmp_path / "termination-log-pod-a")) is None
+    no_overlap(tmp_path)
+
+
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
-def test_a_hang_ends_the_pod_at_once(launcher: Launcher, tmp_path: Path) -> None:
-    """The watchdog ends a hung generation with RTJ_HUNG and the pod with it, without lingering: the operator
-    learns of a hang only from a pod that ended, and a hung gang's pods all stall together."""
-    run, _ = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="hang",
+def test_a_hang_without_a_report_ends_the_pod_at_once(launcher: Launcher, tmp_path: Path) -> None:
+    """When the verdict cannot reach the checkpoint root (here a file where the report directory goes; an
+    s3:// root has no reports), the pod ends with RTJ_HUNG at once, without lingering: the operator's
+    other way to learn of a hang."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / progress.DIRNAME).write_text("not a directory")
+    run, _ = start_pod(launcher, tmp_path, "pod-a", port=free_port(), AGENT_TEST_MODE_1="hang", HOSTNAME="pod-a",
                        **{agent.LINGER_ENV: "120", progress.TIMEOUT_ENV: "4"})
     assert run.wait(90) == [launch.HUNG_EXIT_CODE], run.tail()
     outcome = completion.read_termination_message(str(tmp_path / "termination-log-pod-a"))

@@ -54,6 +54,11 @@ def test_a_rank_that_stops_is_a_hang_naming_it_and_its_last_step(tmp_path: Path,
     outcome = completion.read_termination_message(str(tmp_path / "termination-log"))
     assert outcome and outcome.kind == completion.HUNG
     assert outcome.fields["step"] == "42" and outcome.fields["rank"] == "3" and outcome.fields["attempt"] == "2"
+    # ...and in the pod's progress report, where the operator reads an in-place agent's verdict
+    report = progress.read_report(str(tmp_path / "ckpt"), "demo-a2-1")
+    assert report is not None and report.hung == progress.Hang(step=42, rank=3, stalled_seconds=10.1,
+                                                               timeout_seconds=10)
+    assert dog.hang_reported
     dog.check()
     assert killed == ["killed"]  # declared once
 
@@ -99,6 +104,17 @@ def test_without_a_timeout_it_only_reports(tmp_path: Path, monkeypatch: pytest.M
                                  b'{"pod": "p", "attempt": 1, "step": 1, "time": 1, "pad": "' + b"x" * 5000 + b'"}'])
 def test_hostile_reports_are_ignored(raw: bytes) -> None:
     assert progress.parse_report(raw, "p") is None
+
+
+@pytest.mark.parametrize("hung", ['"yes"', "[]", '{"step": 1}', '{"step": -1, "rank": 0, "stalledSeconds": 1, '
+                                  '"timeoutSeconds": 1}', '{"step": 1, "rank": 1e400, "stalledSeconds": 1, '
+                                  '"timeoutSeconds": 1}', '{"step": 1, "rank": 0, "stalledSeconds": "1", '
+                                  '"timeoutSeconds": 1}'])
+def test_a_hostile_hang_verdict_is_no_verdict(hung: str) -> None:
+    """The report stands (its step is still progress); the verdict that is not one is dropped."""
+    report = progress.parse_report(f'{{"pod": "p", "attempt": 1, "step": 1, "time": 1, "hung": {hung}}}'.encode(),
+                                   "p")
+    assert report is not None and report.step == 1 and report.hung is None
 
 
 def test_report_reader_does_not_follow_links(tmp_path: Path) -> None:

@@ -9,6 +9,10 @@ says is only ever used for accounting (goodput, step times) and to name the rank
 Inside a pod, each rank writes its own tiny file `<RTJ_PROGRESS_DIR>/rank-<global rank>` (`<step>
 <seconds of its last step> <time>`) after every step; the launcher compares them (hang watchdog) and
 summarises them here. Torch-free: the operator imports this module.
+
+A report may carry the launcher's hang verdict (`hung`: the step, the rank that stopped first, how long it
+stalled, the timeout). A plain launcher also ends its pod with RTJ_HUNG; an in-place agent keeps its pod
+and waits for a plan, so for it this report is how the operator learns of the hang.
 """
 
 from __future__ import annotations
@@ -35,6 +39,16 @@ TIMEOUT_ENV = "RTJ_PROGRESS_TIMEOUT_SECONDS"  # injected from spec.progressTimeo
 
 
 @dataclass(frozen=True)
+class Hang:
+    """A launcher's hang verdict: its local rank that stopped first, at which step, for how long."""
+
+    step: int
+    rank: int
+    stalled_seconds: float
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
 class Report:
     pod: str
     attempt: int
@@ -43,6 +57,7 @@ class Report:
     first_step_at: float | None  # epoch seconds of this attempt's first completed step in this pod
     step_seconds: float | None  # the slowest local rank's recent step time
     slowest_rank: int | None
+    hung: Hang | None = None  # the watchdog declared a hang (its generation is killed)
 
 
 def report_path(checkpoint_root: str, pod: str) -> str:
@@ -56,8 +71,26 @@ def write_report(checkpoint_root: str, report: Report) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"pod": report.pod, "attempt": report.attempt, "step": report.step, "time": report.time,
                    "firstStepAt": report.first_step_at, "stepSeconds": report.step_seconds,
-                   "slowestRank": report.slowest_rank}, f)
+                   "slowestRank": report.slowest_rank, **_hang_json(report.hung)}, f)
     os.replace(tmp, target)
+
+
+def _hang_json(hang: Hang | None) -> dict[str, Any]:
+    if hang is None:
+        return {}
+    return {"hung": {"step": hang.step, "rank": hang.rank, "stalledSeconds": hang.stalled_seconds,
+                     "timeoutSeconds": hang.timeout_seconds}}
+
+
+def _parse_hang(value: Any) -> Hang | None:
+    """A hang verdict, or None when there is none or it is not one (every field bounded)."""
+    if not isinstance(value, dict):
+        return None
+    step, rank = _num(value.get("step"), 0, MAX_STEP), _num(value.get("rank"), 0, MAX_ATTEMPT)
+    stalled, timeout = _num(value.get("stalledSeconds"), 0, MAX_EPOCH), _num(value.get("timeoutSeconds"), 0, MAX_EPOCH)
+    if step is None or rank is None or stalled is None or timeout is None:
+        return None
+    return Hang(int(step), int(rank), stalled, timeout)
 
 
 def _num(value: Any, lo: float, hi: float) -> float | None:
@@ -85,7 +118,8 @@ def parse_report(raw: bytes, pod: str) -> Report | None:
         return None
     rank = _num(data.get("slowestRank"), 0, MAX_ATTEMPT)
     return Report(pod, int(attempt), int(step), when, _num(data.get("firstStepAt"), 0, MAX_EPOCH),
-                  _num(data.get("stepSeconds"), 0, 86400), int(rank) if rank is not None else None)
+                  _num(data.get("stepSeconds"), 0, 86400), int(rank) if rank is not None else None,
+                  _parse_hang(data.get("hung")))
 
 
 def read_report(checkpoint_root: str, pod: str) -> Report | None:

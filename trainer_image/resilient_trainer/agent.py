@@ -15,9 +15,10 @@ marker), or whose gang was stopped by a peer (a peer's agent took its plan first
 RTJ_PREEMPTED, though nobody stopped this pod), does not end the pod at once: that pod is one the operator
 wants to keep, and its own plan may be a moment behind, so the agent lingers
 `$RTJ_AGENT_LINGER_SECONDS` for a plan, then exits with that generation's status and termination message as
-the plain launcher would. A hang ends the pod at once with RTJ_HUNG, as before: the operator learns of a hang
-only from a pod that ended, and every pod of a hung gang stalls together, so lingering would hold them all
-for the whole linger. Any other failure (the script's own error) and success exit at once, as before;
+the plain launcher would. A hang lingers the same way once its verdict is in the pod's progress report
+(resilient_contract.progress), where the operator reads it: the gang's pods stay, only the one whose rank
+stopped first is replaced (or none, without a bad-node window). Without that report (an s3:// root) a hang
+ends the pod with RTJ_HUNG. Any other failure (the script's own error) and success exit at once, as before;
 SIGTERM (pod deletion) is passed to the generation, which stops its workers as today, and the launcher exits
 with its status.
 
@@ -486,9 +487,15 @@ class Agent:
         A peer gone (the worker's marker), or the gang stopped by a peer: a peer's agent took its plan and
         SIGTERMed its workers, whose preemption flag rides every step's all-reduce, so every rank here saved and
         exited 143 (RTJ_PREEMPTED) though nobody stopped this pod; its own plan may be a moment behind. A pod
-        SIGTERMed itself (`terminating`), a hang and a script's own error end the pod as before."""
-        if code == 0 or self.terminating or self.cfg.linger <= 0 or gen.hung:
+        SIGTERMed itself (`terminating`) and a script's own error end the pod as before.
+
+        A hang whose verdict reached the checkpoint root (the progress report) waits too: the operator reads it
+        there, blames the rank that stopped first and hands the others their plans. Without that report (an
+        s3:// root, a write that failed) the pod ends with RTJ_HUNG as before, the operator's other channel."""
+        if code == 0 or self.terminating or self.cfg.linger <= 0:
             return None
+        if gen.hung:
+            return "hung (the verdict is in its progress report)" if gen.watchdog.hang_reported else None
         if gen.lost_a_peer():
             return "lost a peer"
         outcome = completion.read_termination_message(completion.termination_log_path(self.base))

@@ -84,6 +84,8 @@ class Watchdog:
         self.started = clock()
         self.first_step_at: float | None = None
         self.hung: str | None = None  # the termination message, once a hang was declared
+        self.verdict: progress.Hang | None = None  # the same, for the progress report (kept in every later one)
+        self.hang_reported = False  # the verdict reached the checkpoint root (an agent may then keep its pod)
         self.on_hang = on_hang or kill_children
         self.workers_alive: Callable[[], bool] | None = None  # the agent's: is any worker still running?
         self._reported = (-1, 0.0)
@@ -104,8 +106,7 @@ class Watchdog:
         low = min(steps.values())
         since = now - self._reported[1]
         due = since >= (REPORT_SECONDS if low != self._reported[0] else 4 * REPORT_SECONDS)
-        # Progress reports are files in a mounted root; an s3:// root has none yet (never a local "s3:" dir).
-        if self.env.checkpoint_root and not storage.is_object_store(self.env.checkpoint_root) and ranks and due:
+        if self._reports() and ranks and due:
             self._report(low, now, slowest, ranks[slowest][1] if slowest is not None else None)
         if self.timeout and self.hung is None:
             first = min(expected, key=lambda r: (steps[r], last[r]))
@@ -122,22 +123,32 @@ class Watchdog:
                                                          attempt=self.env.attempt)
                 except OSError as exc:
                     print(f"rtj-launch: cannot write termination message: {exc}", file=sys.stderr)
+                self.verdict = progress.Hang(steps[first], first, round(stalled, 1), self.timeout)
+                if self._reports():
+                    self.hang_reported = self._report(low, now, slowest,
+                                                      ranks[slowest][1] if slowest is not None else None)
                 self.on_hang()
 
     def _resumed_step(self) -> int:
         name = os.path.basename((self.env.resume_from or "").rstrip("/"))
         return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else 0
 
-    def _report(self, step: int, now: float, slowest: int | None, seconds: float | None) -> None:
+    def _reports(self) -> bool:
+        """Progress reports are files in a mounted root; an s3:// root has none yet (never a local "s3:" dir)."""
+        return bool(self.env.checkpoint_root) and not storage.is_object_store(self.env.checkpoint_root)
+
+    def _report(self, step: int, now: float, slowest: int | None, seconds: float | None) -> bool:
+        """Rewrite this pod's report (with the hang verdict, once there is one); False when it could not."""
         pod = os.environ.get("HOSTNAME") or f"{self.env.job_name}-a{self.env.attempt}-{self.env.node_rank}"
+        self._reported = (step, now)
         try:
             progress.write_report(self.env.checkpoint_root, progress.Report(
                 pod=pod, attempt=self.env.attempt, step=step, time=now, first_step_at=self.first_step_at,
-                step_seconds=seconds, slowest_rank=slowest))
-            self._reported = (step, now)
+                step_seconds=seconds, slowest_rank=slowest, hung=self.verdict))
+            return True
         except OSError as exc:  # advisory: a full or read-only volume must not end the training
             print(f"rtj-launch: cannot write progress report: {exc}", file=sys.stderr)
-            self._reported = (step, now)
+            return False
 
     def run(self, interval: float = 1.0) -> None:
         while not self._stop.wait(interval):

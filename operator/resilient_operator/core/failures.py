@@ -7,14 +7,14 @@ non-zero, and that is collateral damage, not a bug in the training script.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from resilient_contract import completion
 from resilient_operator import constants as c
 from resilient_operator.core.health import Health, NodeLoss
-from resilient_operator.core.model import PodView, Termination
+from resilient_operator.core.model import PodView, Progress, Termination
 
 # status.reason values a kubelet or the control plane sets when the machine, not the program, failed.
 _INFRA_POD_REASONS = {
@@ -43,6 +43,10 @@ _DISRUPTION_REASONS = {
 # first (the others' last step can be newer by a step). Its peers normally end within a second or two;
 # this bounds the wait when one of them cannot (a wedged launcher) or lingers (an agent whose peer is gone).
 HANG_GATHER_SECONDS = 3.0
+# An in-place agent keeps its pod on a hang and reports the verdict in its progress report, which storage
+# cannot push: a job whose agents do that re-reads its reports this often (a quarter of its progress
+# timeout, between these bounds).
+HANG_POLL_MIN_SECONDS, HANG_POLL_MAX_SECONDS = 1.0, 10.0
 # Waiting reasons that mean the container will not start without a change to the job.
 CANNOT_START = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -99,8 +103,10 @@ def settled(pod: PodView, pods: Sequence[PodView], health: Health) -> bool:
     return True
 
 
-def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: Health) -> Failure | None:
-    """The failure of the current attempt, or None while it is healthy (or still starting)."""
+def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: Health,
+           reports: Sequence[Progress] = ()) -> Failure | None:
+    """The failure of the current attempt, or None while it is healthy (or still starting). `reports`: the
+    launchers' progress reports of these pods (an in-place agent's hang verdict is there)."""
     by_rank = {p.rank: p for p in pods}
     lost = lost_nodes(pods, health)
     if lost:
@@ -121,8 +127,8 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
         if pod.deleting and not finished_ok(pod):  # its exit code (143 after SIGTERM) is a consequence
             return Failure(c.INFRASTRUCTURE, c.REASON_POD_DELETED, f"pod {pod.name} is being deleted",
                            pod=pod.name, node=pod.node_name)
-    if hang := hung(pods):  # while it gathers its peers' reports, their own exits are not failures either
-        return None if gathering(pods, health) else hang
+    if hang := hung(pods, reports):  # while it gathers its peers' reports, their own exits are not failures either
+        return None if gathering(pods, health, reports) else hang
     if all_created:
         for rank in range(replicas):
             if rank not in by_rank:
@@ -143,31 +149,60 @@ def detect(pods: Sequence[PodView], replicas: int, all_created: bool, health: He
     return None
 
 
-def hung(pods: Sequence[PodView]) -> Failure | None:
-    """The launchers ended pods for a hang (RTJ_HUNG): name the last step and who stopped first (the
-    lowest step reported, then the rank with the oldest progress: in a synchronous job the others wait
-    for it in the next collective)."""
-    reports = []
-    for pod, term, outcome in _hang_reports(pods):
-        # Tenant-written (the container writes its termination message): bounded, ASCII, else unknown.
-        at = outcome.int_field("step")
-        seconds = outcome.seconds_field("stalled_s") or 0.0
-        who = outcome.int_field("rank", 2**31 - 1)
-        limit = outcome.seconds_field("timeout_s")
-        reports.append((-1 if at is None else at, -seconds, pod, "?" if who is None else str(who),
-                        "?" if limit is None else f"{limit:g}", term.finished_at))
-    if not reports:
+def hung(pods: Sequence[PodView], reports: Sequence[Progress] = ()) -> Failure | None:
+    """The launchers declared a hang: name the last step and who stopped first (the lowest step reported,
+    then the rank with the oldest progress: in a synchronous job the others wait for it in the next
+    collective). A verdict comes in a pod's RTJ_HUNG termination message (the pod ended) or, from an
+    in-place agent that keeps its pod, in its progress report."""
+    verdicts = list(_verdicts(pods, reports))
+    if not verdicts:
         return None
-    step, neg_stalled, pod, rank, timeout, ended = min(reports, key=lambda r: (r[0], r[1], r[2].rank))
-    same = sorted(p.name for s, _, p, *_ in reports if s == step)
-    message = (f"no training step for {timeout}s: hang at step {step}; rank {rank} (pod {pod.name} on node "
-               f"{pod.node_name}) stopped first" + (f"; pods at that step: {', '.join(same)}" if len(same) > 1
-                                                    else ""))
+    v = min(verdicts, key=lambda v: (v.step, -v.stalled, v.pod.rank))
+    same = sorted(w.pod.name for w in verdicts if w.step == v.step)
+    message = (f"no training step for {v.timeout}s: hang at step {v.step}; rank {v.rank} (pod {v.pod.name} on node "
+               f"{v.pod.node_name}) stopped first" + (f"; pods at that step: {', '.join(same)}" if len(same) > 1
+                                                      else ""))
     try:  # its last step: when progress stopped
-        began = ended + timedelta(seconds=neg_stalled) if ended else None
+        began = v.at - timedelta(seconds=v.stalled) if v.at else None
     except OverflowError:  # a finish time at the edge of the calendar
         began = None
-    return Failure(c.HANG, c.REASON_HANG, message, pod=pod.name, node=pod.node_name, occurred=began)
+    return Failure(c.HANG, c.REASON_HANG, message, pod=v.pod.name, node=v.pod.node_name, occurred=began)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    pod: PodView
+    step: int  # -1: unknown
+    stalled: float
+    rank: str
+    timeout: str
+    at: datetime | None  # when it was declared (the pod's end, or its report)
+
+
+def _verdicts(pods: Sequence[PodView], reports: Sequence[Progress]) -> Iterator[_Verdict]:
+    """One verdict per pod: its RTJ_HUNG termination message, else the hang in its report while it runs.
+    Tenant-written either way: every field bounded where it was parsed, unknown when unreadable."""
+    told = set()
+    for pod, term, outcome in _hang_reports(pods):
+        at, seconds = outcome.int_field("step"), outcome.seconds_field("stalled_s") or 0.0
+        who, limit = outcome.int_field("rank", 2**31 - 1), outcome.seconds_field("timeout_s")
+        told.add(pod.name)
+        yield _Verdict(pod, -1 if at is None else at, seconds, "?" if who is None else str(who),
+                       "?" if limit is None else f"{limit:g}", term.finished_at)
+    for pod, report in _reported_hangs(pods, reports):
+        if pod.name not in told:
+            assert report.hung is not None
+            yield _Verdict(pod, report.hung.step, report.hung.stalled_seconds, str(report.hung.rank),
+                           f"{report.hung.timeout_seconds:g}", report.updated)
+
+
+def _reported_hangs(pods: Sequence[PodView], reports: Iterable[Progress]) -> Iterator[tuple[PodView, Progress]]:
+    """The running pods (an in-place agent waiting for its plan) whose report of this attempt names a hang."""
+    by_name = {p.name: p for p in pods}
+    for report in reports:
+        pod = by_name.get(report.pod)
+        if report.hung is not None and pod is not None and pod.attempt == report.attempt and not pod.terminations:
+            yield pod, report
 
 
 def _hang_reports(pods: Sequence[PodView]) -> Iterator[tuple[PodView, Termination, completion.Outcome]]:
@@ -179,20 +214,30 @@ def _hang_reports(pods: Sequence[PodView]) -> Iterator[tuple[PodView, Terminatio
                 yield pod, term, outcome
 
 
-def gathering(pods: Sequence[PodView], health: Health) -> bool:
-    """A hang was reported and a peer still runs without a report of its own, for at most
-    HANG_GATHER_SECONDS after the first report: wait, so the message names the rank that stopped first."""
-    ended = [t.finished_at for _, t, _ in _hang_reports(pods) if t.finished_at]
-    if not ended or not any(p.phase in ("Pending", "Running") and not p.terminations for p in pods):
+def gathering(pods: Sequence[PodView], health: Health, reports: Sequence[Progress] = ()) -> bool:
+    """A hang was declared and a peer still runs without a verdict of its own, for at most
+    HANG_GATHER_SECONDS after the first: wait, so the message names the rank that stopped first."""
+    declared = [t.finished_at for _, t, _ in _hang_reports(pods) if t.finished_at]
+    reported = {pod.name: report.updated for pod, report in _reported_hangs(pods, reports)}
+    declared += reported.values()
+    if not declared or not any(p.phase in ("Pending", "Running") and not p.terminations and p.name not in reported
+                               for p in pods):
         return False
-    return health.now - min(ended) < timedelta(seconds=HANG_GATHER_SECONDS)
+    return health.now - min(declared) < timedelta(seconds=HANG_GATHER_SECONDS)
 
 
-def unsettled(pods: Sequence[PodView], health: Health) -> bool:
+def hang_poll(progress_timeout: float | None) -> float | None:
+    """How often to re-read the progress reports for a hang verdict (None: no watchdog, no verdicts)."""
+    if not progress_timeout:
+        return None
+    return min(HANG_POLL_MAX_SECONDS, max(HANG_POLL_MIN_SECONDS, progress_timeout / 4))
+
+
+def unsettled(pods: Sequence[PodView], health: Health, reports: Sequence[Progress] = ()) -> bool:
     """A pod failed but we cannot yet tell whether a dying node caused it, or a hang report waits for its
     peers': look again shortly."""
     return (any(p.phase == "Failed" and not finished_ok(p) and not settled(p, pods, health) for p in pods)
-            or gathering(pods, health))
+            or gathering(pods, health, reports))
 
 
 def all_succeeded(pods: Sequence[PodView], replicas: int) -> bool:

@@ -18,7 +18,7 @@ from datetime import datetime
 from resilient_contract.plan import Plan as AgentPlan
 from resilient_contract.storage.listing import Verdict
 from resilient_operator import constants as c
-from resilient_operator.core import inplace, render
+from resilient_operator.core import failures, inplace, render
 from resilient_operator.core.model import Job, OperatorConfig, PodView
 from resilient_operator.core.plan import Delivery
 from resilient_operator.core.status import InPlace, JobStatus
@@ -29,8 +29,11 @@ def agent(job: Job, config: OperatorConfig) -> render.Agent | None:
     """The agent settings injected into this job's pods, or None when its recoveries recreate."""
     if inplace.recreate_reason(job, config):
         return None
-    # Kept pods must outlive detection, a settling wait and the handover itself.
+    # Kept pods must outlive detection, a settling wait and the handover itself; after a hang, the operator's
+    # next read of the verdicts and the wait for the gang's.
     linger = 2 * job.spec.node_loss_timeout + config.settle_seconds + config.in_place_ack_seconds
+    if poll := failures.hang_poll(job.spec.progress_timeout):
+        linger += poll + failures.HANG_GATHER_SECONDS
     return render.Agent(config.plan_public_key, config.agent_port, linger)
 
 

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from resilient_contract.plan import DEFAULT_AGENT_PORT
+from resilient_contract.progress import Hang
 from resilient_operator import constants as c
 
 
@@ -156,6 +157,7 @@ class Progress:
     step_seconds: float | None = None  # the slowest local rank's recent mean step time
     slowest_rank: int | None = None  # global rank of that rank
     first_step_at: datetime | None = None  # when the first step of this attempt completed
+    hung: Hang | None = None  # the launcher's hang verdict (an in-place agent keeps its pod and reports it)
 
 
 @dataclass(frozen=True)

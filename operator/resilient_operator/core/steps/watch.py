@@ -34,15 +34,17 @@ def attempt(inp: Inputs, d: Draft) -> Interruption | None:
         return None
     if notices := drain.affected(current, inp.draining, inp.health.lost):
         return notices
-    if failure := failures.detect(current, replicas, d.phase == c.RUNNING, inp.health):
+    if failure := failures.detect(current, replicas, d.phase == c.RUNNING, inp.health, inp.progress):
         return failure
-    if failures.unsettled(current, inp.health):
+    if failures.unsettled(current, inp.health, inp.progress):
         d.plan.look_again(UNSETTLED_RECHECK_SECONDS)
     if d.phase == c.STARTING:
         _finish_starting(inp, d, current, replicas)
     grow = None
     if d.phase == c.RUNNING:
         stragglers.summarise(d.status, d.attempt, inp.progress, current, inp.now)
+        if handover.agent(inp.job, inp.config):  # agents report a hang in their reports, not by ending
+            d.plan.look_again(failures.hang_poll(inp.job.spec.progress_timeout))
         if inp.job.spec.elastic.grow_back:
             grow = _grow_back(inp, d, replicas)
     for name in {p.node_name for p in current if p.node_name}:
