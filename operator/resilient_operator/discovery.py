@@ -598,7 +598,7 @@ def read_reports(root: str, area: str, pods: Any) -> dict[str, Any]:
                 continue
             report = progress.read_report_from(store, pod)  # a symlink, FIFO, oversize file...: no report
             if report is not None:
-                out[pod] = dataclasses.asdict(report)
+                out[pod] = progress.to_json(report)  # the file's own format: parse_report reads it again
     finally:
         store.close()
     return out
@@ -613,11 +613,8 @@ def _reports_from(data: Any, pods: Sequence[str]) -> dict[str, progress.Report]:
         fields = data.get(pod)
         if not isinstance(fields, dict):
             continue
-        doc = {"pod": fields.get("pod"), "attempt": fields.get("attempt"), "step": fields.get("step"),
-               "time": fields.get("time"), "firstStepAt": fields.get("first_step_at"),
-               "stepSeconds": fields.get("step_seconds"), "slowestRank": fields.get("slowest_rank")}
         try:
-            report = progress.parse_report(json.dumps(doc).encode(), pod)
+            report = progress.parse_report(json.dumps(fields).encode(), pod)
         except (TypeError, ValueError):
             continue
         if report is not None:

@@ -205,6 +205,19 @@ def test_a_report_from_beyond_year_9999_or_deeply_nested_is_no_report(tmp_path: 
     assert report.updated <= NOW and report.first_step_at is not None and report.first_step_at <= NOW
 
 
+def test_a_hang_verdict_survives_the_discovery_workers_hand_over(tmp_path: Path) -> None:
+    """An in-place agent's only way to tell of a hang: the verdict in its report reaches the core as written
+    (the worker hands over the file's own format, which the operator parses again)."""
+    root = tmp_path / "ml" / "demo"
+    (root / progress.DIRNAME).mkdir(parents=True)
+    job = views.job_view(job_object(status=running_status(), checkpoint={"root": str(root)}))
+    pods = [views.pod_view(_pod_object(rank)) for rank in range(4)]
+    hang = progress.Hang(step=41, rank=2, stalled_seconds=20.5, timeout_seconds=20.0)
+    progress.write_report(str(root), progress.Report(POD, 1, 41, NOW.timestamp() - 1, None, 0.5, 2, hang))
+    (report,) = controller.read_progress(job, pods, NOW, sandboxed_read(root, pods))
+    assert report.hung == hang and report.step == 41 and report.slowest_rank == 2
+
+
 def sandboxed_read(root: Path, pods: list[Any]) -> dict[str, progress.Report]:
     """What a discovery worker answers for these pods (the same function, run here in-process), checked again
     on the operator's side as the pool does."""

@@ -69,10 +69,16 @@ def write_report(checkpoint_root: str, report: Report) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = f"{target}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"pod": report.pod, "attempt": report.attempt, "step": report.step, "time": report.time,
-                   "firstStepAt": report.first_step_at, "stepSeconds": report.step_seconds,
-                   "slowestRank": report.slowest_rank, **_hang_json(report.hung)}, f)
+        json.dump(to_json(report), f)
     os.replace(tmp, target)
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The report as its file holds it (and as the operator's discovery worker hands it over): `parse_report`
+    reads exactly this."""
+    return {"pod": report.pod, "attempt": report.attempt, "step": report.step, "time": report.time,
+            "firstStepAt": report.first_step_at, "stepSeconds": report.step_seconds,
+            "slowestRank": report.slowest_rank, **_hang_json(report.hung)}
 
 
 def _hang_json(hang: Hang | None) -> dict[str, Any]:
