@@ -11,9 +11,9 @@ import pytest
 from resilient_operator import constants as c
 from resilient_operator import views
 from resilient_operator.core import Job, PodView, queueing, reconcile
-from resilient_operator.core.model import WorkloadView
+from resilient_operator.core.model import OperatorConfig, WorkloadView
 from resilient_operator.core.timeutil import fmt
-from tests.operator.builders import NOW, gang, healthy, job_object, listing, pod, running_status
+from tests.operator.builders import NOW, gang, healthy, job_object, listing, node, pod, running_status
 
 FLAVOR = {"metadata": {"name": "gpu-a"}, "spec": {"nodeLabels": {"pool": "a"},
                                                     "tolerations": [{"key": "gpu", "operator": "Exists"}]}}
@@ -253,3 +253,24 @@ def test_a_drain_restarts_inside_the_admission_and_frees_the_drained_quota() -> 
     assert all(p["spec"]["nodeSelector"]["pool"] == "a" for p in pods)
     assert relaunch.workload_status is not None
     assert relaunch.workload_status["reclaimablePods"] == [{"name": "workers", "count": 1}]
+
+
+def test_a_node_loss_in_place_shrinks_inside_the_admission_keeping_the_survivors() -> None:
+    """restartStrategy InPlace (the default) with Kueue: the survivors take their plans, no pod is created, the
+    Workload keeps its admission and frees the lost worker's quota (only growing past the quota held needs a
+    new admission)."""
+    config = OperatorConfig(plan_public_key="operator-public-key")
+    nodes = pool(4)
+    nodes["n3"] = dataclasses.replace(node("n3", lease_age=25.0), labels=nodes["n3"].labels)  # lost, in the pool
+    wl = admitted(4, cond("PodsReady"))
+    spec = {"restartStrategy": "InPlace", "nodeLossTimeoutSeconds": 20}
+    first = reconcile(kjob(running_status(), **spec), gang(1, 4), nodes, listing(40), NOW, config=config, workload=wl)
+    assert first.force_delete == ["demo-a1-3"] and first.delete == []  # the survivors are not fenced
+    second = reconcile(kjob(first.status, **spec), gang(1, 3), nodes, listing(40), NOW, config=config, workload=wl)
+    assert second.status["attempt"] == 2 and second.status["replicas"] == 3
+    assert {d.pod for d in second.deliver} == {"demo-a1-0", "demo-a1-1", "demo-a1-2"}
+    assert [m for m in second.manifests() if m["kind"] == "Pod"] == []
+    assert second.workload_create is None and second.workload_delete is None  # the same admission
+    assert second.workload_status is not None
+    assert second.workload_status["reclaimablePods"] == [{"name": "workers", "count": 1}]
+    assert second.status["history"][-1]["restart"] == "InPlace"
