@@ -56,8 +56,9 @@ def test_a_hung_rank_is_restarted_in_time_and_the_job_ends_right(
     assert latency <= TIMEOUT + 5
     assert f"step {HANG_STEP - 1}" in failure["message"] and "rank 1" in failure["message"]
     assert failure["node"] == hung_node
-    story = events(cluster, ns, "hang")
-    assert any(e.startswith(c.REASON_HANG) and rank1 in e for e in story), story
+    # The event goes out after the status write that recorded the failure: wait for it, bounded.
+    wait_for(lambda: any(e.startswith(c.REASON_HANG) and rank1 in e for e in events(cluster, ns, "hang")), 30,
+             "the Hang event naming the hung rank's pod")
 
     new = running_attempt(cluster, ns, "hang", 2, 3, timeout=180)
     assert hung_node not in {p.spec.node_name for p in new}  # the node that hung is avoided
