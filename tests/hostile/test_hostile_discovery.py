@@ -305,14 +305,21 @@ def test_a_replacement_is_started_as_soon_as_its_predecessor_is_killed(mount: Pa
 
 def test_a_slow_worker_start_up_is_not_blamed_on_the_root(mount: Path, neighbour: Path) -> None:
     """A worker that needs longer than the deadline to start (a loaded node) answers DiscoveryBusy: the healthy
-    root is not held back for a cooldown, and the next call is served by the same worker, started by then."""
+    root is not held back for a cooldown, and a later call is served by the same worker once it has started.
+    How long the start takes on a loaded CI machine is not the test's business: it asks again (each call
+    bounded) until served, as the reconcile does, and checks no call killed or replaced the starting worker."""
     slow_start = ("sh", "-c", 'sleep 1.5; exec "$0" "$@"')
     p = DiscoveryPool(settings(mount, timeout_seconds=1.0, workers=1), prefix=slow_start)
     try:
         busy = timed(p, neighbour, "tenant-b", bound=1.0 + SLACK)
         assert busy.reason == REASON_DISCOVERY_BUSY and "still starting" in (busy.error or ""), busy
         (starting,) = p.pids()
-        assert_neighbour_fine(p, neighbour)
+        give_up = time.monotonic() + 60
+        listing = timed(p, neighbour, "tenant-b", bound=1.0 + SLACK)
+        while listing.reason == REASON_DISCOVERY_BUSY and time.monotonic() < give_up:
+            assert "still starting" in (listing.error or "") and p.pids() == [starting], listing
+            listing = timed(p, neighbour, "tenant-b", bound=1.0 + SLACK)
+        assert listing.latest is not None and listing.latest.step == attacks.GENUINE_STEP, listing
         assert p.pids() == [starting]
     finally:
         p.close()
