@@ -47,7 +47,7 @@ test-unit: venv ## The tests that need no cluster: decision core, CRD, contracts
 test-cluster: venv binaries ## The tests against the local Kubernetes control plane
 	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
-test: venv binaries lint ## Everything CI runs: lint, then every test: the cluster lane and the unit lane side by side
+test: ## Everything CI runs: the venv, the Go builds, the images and lint side by side, then every test in two lanes
 	bash hack/test_lanes.sh $(PY) $(PYTEST_ARGS)
 
 test-kind: venv binaries ## The kind lane alone (also in make test): dockerd (docker.io) in a netns, a node image from our binaries (root)

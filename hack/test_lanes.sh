@@ -1,5 +1,12 @@
 #!/usr/bin/env bash
-# `make test`, in two lanes side by side:
+# `make test`: the setup, overlapped, then two lanes side by side.
+# The setup: the Go builds (`make binaries`, CPU-bound) run beside the venv's install (network-bound) and lint;
+# the images from our Dockerfiles (`python -m e2e.images build`: debootstrap and pip, network and disk) start
+# as soon as the venv exists and may run on into the lanes (the tests that use them wait on each image's lock);
+# kind's node image and `docker build`s (`python -m e2e.kindcluster prepare`) run in the side lane
+# beside the unit tests. On a warm machine each finds its cache at once; on a cold one this takes the image
+# builds off the side lane's path (they had run one after another after the unit tests).
+# The lanes:
 #   the cluster lane: every test on the session cluster (marked `cluster`, not `own_cluster`), in order;
 #   the side lane, at a lower CPU priority: first the tests without a cluster (the decision core, contracts,
 #     trainer, chart), then the cluster tests that bring their own cluster (`own_cluster`: real nodes, kind, KWOK,
@@ -18,6 +25,23 @@ py=$1
 shift
 logs=.test-logs
 mkdir -p "$logs"
+make=${MAKE:-make}
+
+echo ">> the Go builds (make binaries) beside the venv and lint (log: $logs/binaries.log)"
+"$make" --no-print-directory binaries >"$logs/binaries.log" 2>&1 &
+binaries_pid=$!
+if ! "$make" --no-print-directory venv; then kill "$binaries_pid" 2>/dev/null; exit 1; fi
+images_pid=
+if (($# == 0)) && [[ $(id -u) == 0 ]]; then  # the whole suite, as root (the own-cluster tests need both)
+  echo ">> the images from our Dockerfiles (buildah) beside them (log: $logs/images.log)"
+  nice -n 10 "$py" -m e2e.images build operator trainer-cpu >"$logs/images.log" 2>&1 &
+  images_pid=$!
+fi
+if ! "$make" --no-print-directory lint; then kill "$binaries_pid" $images_pid 2>/dev/null; exit 1; fi
+if ! wait "$binaries_pid"; then
+  echo "make binaries failed; the end of $logs/binaries.log:"; tail -40 "$logs/binaries.log"
+  kill $images_pid 2>/dev/null; exit 1
+fi
 tmp=$(mktemp -d /tmp/rtj-side-lane.XXXXXX)
 
 # CPU cgroups (v1 `cpu` + `cpuacct`, or v2), weights on v2's scale (v1 cpu.shares = weight * 1024 / 100). Kind's
@@ -72,21 +96,30 @@ else
 fi
 
 side() {
-  local rc=0
+  local rc=0 prepare_pid=
   [[ $cg_mode == none ]] || join "$side_cg"
+  if (($# == 0)) && [[ $(id -u) == 0 ]] && command -v dockerd >/dev/null; then  # as test_kind_lane needs
+    nice -n 10 "$py" -m e2e.kindcluster prepare >"$logs/kind-prepare.log" 2>&1 &
+    prepare_pid=$!
+  fi
   nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider --basetemp="$tmp/unit" -o timeout=600 "$@" \
     >"$logs/unit.log" 2>&1 || rc=1
+  # A failed prepare is not a failure here: the kind lane builds again and reports what went wrong.
+  [[ -z $prepare_pid ]] || wait "$prepare_pid" || echo "kind prepare failed (the kind lane retries): $logs/kind-prepare.log" >>"$logs/unit.log"
   nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider --basetemp="$tmp/own" "$@" \
     >"$logs/own-cluster.log" 2>&1 || rc=1
   return "$rc"
 }
 side "$@" &
 side_pid=$!
-trap 'kill "$side_pid" 2>/dev/null; rm -rf "$tmp"; cleanup_cgroups' EXIT
+trap 'kill "$side_pid" $images_pid 2>/dev/null; rm -rf "$tmp"; cleanup_cgroups' EXIT
 ( [[ $cg_mode == none ]] || join "$cluster_cg"; exec "$py" -m pytest -m "cluster and not own_cluster" "$@" )
 cluster_rc=$?
 wait "$side_pid"
 side_rc=$?
+# The images' builder: done long ago unless cold (then the own-cluster tests waited on its locks). A failure
+# showed in the tests that use the images (they build again); its log says why.
+[[ -z $images_pid ]] || wait "$images_pid" || echo "note: python -m e2e.images build failed; see $logs/images.log"
 trap - EXIT
 rm -rf "$tmp"
 [[ $cg_mode == none ]] || cpu_used="the cluster lane $(cpu_seconds "$cluster_cg") CPU-s, the side lane $(cpu_seconds "$side_cg") CPU-s (real nodes' and kind's own cgroups not counted)"

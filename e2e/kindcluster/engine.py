@@ -9,6 +9,8 @@ On a laptop with Docker and a registry none of this is used: KindCluster runs th
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -19,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from e2e import images as project_images
 from e2e.kindcluster.egress import EgressProxy
@@ -43,6 +46,7 @@ class LocalEngine:
     docker_host: str = ""
     path: str = ""
     build_seconds: dict[str, float] = field(default_factory=dict)  # image name -> its last `docker build`
+    lock: IO[str] | None = field(default=None, repr=False)  # held from start to stop: one user per engine
 
     @property
     def netns_path(self) -> Path:
@@ -50,17 +54,26 @@ class LocalEngine:
 
     @classmethod
     def start(cls, netns: str | None = None) -> LocalEngine:
-        """Build (or reuse) kind/kubeadm/crictl and the control-plane tools, start the engine."""
+        """Build (or reuse) kind/kubeadm/crictl and the control-plane tools, start the engine.
+
+        One user at a time: `stop` removes every container of the engine, so a second user (the demo beside
+        the tests, or `make test`'s prepare step still building when the kind lane starts) waits here for
+        the first to stop (a file lock, released with the process if it dies)."""
         netns = netns or os.environ.get("RTJ_DOCKER_NETNS", "rtj-docker")
-        env = {**os.environ, "RTJ_DOCKER_NETNS": netns}
-        kind_bin = _sh(str(HACK / "build.sh"))
-        k8s_bin = _sh(str(ROOT / "hack" / "k8s" / "build.sh"))
-        out = subprocess.run(["bash", str(HACK / "docker.sh"), "start"], capture_output=True, text=True, env=env,
-                             timeout=120, check=False)
-        if out.returncode != 0:
-            raise RuntimeError(f"hack/kind/docker.sh start failed: {out.stderr[-3000:]}")
-        host = next(line.split("=", 1)[1] for line in out.stdout.splitlines() if "DOCKER_HOST=" in line)
-        return cls(netns, host, f"{kind_bin}:{k8s_bin}:{os.environ.get('PATH', '')}")
+        lock = _engine_lock(netns)
+        try:
+            env = {**os.environ, "RTJ_DOCKER_NETNS": netns}
+            kind_bin = _sh(str(HACK / "build.sh"))
+            k8s_bin = _sh(str(ROOT / "hack" / "k8s" / "build.sh"))
+            out = subprocess.run(["bash", str(HACK / "docker.sh"), "start"], capture_output=True, text=True,
+                                 env=env, timeout=120, check=False)
+            if out.returncode != 0:
+                raise RuntimeError(f"hack/kind/docker.sh start failed: {out.stderr[-3000:]}")
+            host = next(line.split("=", 1)[1] for line in out.stdout.splitlines() if "DOCKER_HOST=" in line)
+        except BaseException:
+            lock.close()
+            raise
+        return cls(netns, host, f"{kind_bin}:{k8s_bin}:{os.environ.get('PATH', '')}", lock=lock)
 
     def env(self) -> dict[str, str]:
         """The environment docker, kind, kubectl and helm run with."""
@@ -148,6 +161,62 @@ class LocalEngine:
             return None
 
     def stop(self) -> None:
-        """Stop the engine (its containers with it) and delete its netns."""
-        subprocess.run(["bash", str(HACK / "docker.sh"), "stop"], env=self.env(), capture_output=True, timeout=180,
-                       check=False)
+        """Stop the engine (its containers with it) and delete its netns; the next user may start it."""
+        try:
+            subprocess.run(["bash", str(HACK / "docker.sh"), "stop"], env=self.env(), capture_output=True,
+                           timeout=180, check=False)
+        finally:
+            if self.lock is not None:
+                self.lock.close()
+                self.lock = None
+
+
+def _engine_lock(netns: str) -> IO[str]:
+    """The engine's lock, taken (waiting, and saying so, while another process holds it)."""
+    path = Path(os.environ.get("RTJ_CACHE", Path.home() / ".cache" / "resilient-training")) / "docker"
+    path.mkdir(parents=True, exist_ok=True)
+    lock = open(path / f".engine-{netns}.lock", "a+")  # noqa: SIM115 (held until stop)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        print(f"[kind] the engine in netns {netns} is in use ({holder}): waiting for it to stop", file=sys.stderr)
+        started = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        print(f"[kind] engine free after {time.monotonic() - started:.0f} s", file=sys.stderr)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:200]}\n")
+    lock.flush()
+    return lock
+
+
+def prepare(images: Sequence[str] = ("operator", "trainer-cpu")) -> dict[str, float]:
+    """Build (or find cached) everything a kind cluster here needs before it is created: kind's tools, the
+    node image, our images `docker build`-ed in the engine; then stop the engine. `make test` runs this
+    beside the unit tests, so a cold machine's builds are off the kind lane's path. Returns seconds by step."""
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    engine = LocalEngine.start()
+    timings["tools + engine start"] = round(time.monotonic() - t, 1)
+    try:
+        t = time.monotonic()
+        engine.node_image()
+        timings["node image"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        engine.build_images(images)
+        timings["docker build " + " ".join(images)] = round(time.monotonic() - t, 1)
+    finally:
+        engine.stop()
+    return timings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.kindcluster",
+                                     description="the netns Docker engine's builds, ahead of a kind cluster")
+    parser.add_argument("command", choices=["prepare"])
+    parser.parse_args(argv)
+    for step, seconds in prepare().items():
+        print(f"[kind] prepare: {step}: {seconds:.1f} s")
+    return 0

@@ -114,3 +114,37 @@ def test_the_local_backend_never_imports_the_kind_one() -> None:
             "    importlib.import_module(f'e2e.localcluster.{m.name}')\n"
             "assert 'e2e.kindcluster' not in sys.modules, 'e2e.localcluster imported e2e.kindcluster'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+
+
+
+@pytest.mark.timeout(60)
+def test_a_second_engine_user_waits_for_the_first_to_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stop` removes every container of the engine, so a second user (make test's prepare step, the demo)
+    must not start it while the first runs: it waits, says for whom, and goes on once the first stops."""
+    import os
+    import sys
+    import time
+
+    from e2e.kindcluster.engine import _engine_lock
+
+    monkeypatch.setenv("RTJ_CACHE", str(tmp_path))
+    first = _engine_lock("rtj-test")
+    err = tmp_path / "second.err"
+    code = "from e2e.kindcluster.engine import _engine_lock; _engine_lock('rtj-test'); print('got it')"
+    with err.open("w") as sink:
+        second = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RTJ_CACHE": str(tmp_path)},
+                                  stdout=subprocess.PIPE, stderr=sink, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while second.poll() is None and "waiting" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert second.poll() is None, err.read_text()  # still waiting while the first holds the engine
+        assert f"in use (pid {os.getpid()}" in err.read_text()
+        first.close()
+        out, _ = second.communicate(timeout=30)
+        assert second.returncode == 0 and out.strip() == "got it", err.read_text()
+        assert "engine free after" in err.read_text()
+    finally:
+        first.close()
+        if second.poll() is None:
+            second.kill()
