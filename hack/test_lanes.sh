@@ -69,6 +69,12 @@ join() {  # join CGROUP: this (sub)shell and all it starts
     v2) echo "$BASHPID" >"$cg/$1/cgroup.procs" ;;
   esac
 }
+usage_file() {  # the file e2e/cputime.py reads a lane's CPU time from (each test's cost, printed at the end)
+  case $cg_mode in
+    v1) echo "$cg/cpuacct/$1/cpuacct.usage" ;;
+    v2) echo "$cg/$1/cpu.stat" ;;
+  esac
+}
 cpu_seconds() {  # the CPU time a lane's processes used (not those that moved to cgroups of their own)
   case $cg_mode in
     v1) echo $(($(cat "$cg/cpuacct/$1/cpuacct.usage") / 1000000000)) ;;
@@ -97,23 +103,24 @@ fi
 
 side() {
   local rc=0 prepare_pid=
-  [[ $cg_mode == none ]] || join "$side_cg"
+  [[ $cg_mode == none ]] || { join "$side_cg"; export RTJ_LANE_CPU_FILE; RTJ_LANE_CPU_FILE=$(usage_file "$side_cg"); }
   if (($# == 0)) && [[ $(id -u) == 0 ]] && command -v dockerd >/dev/null; then  # as test_kind_lane needs
     nice -n 10 "$py" -m e2e.kindcluster prepare >"$logs/kind-prepare.log" 2>&1 &
     prepare_pid=$!
   fi
-  nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider --basetemp="$tmp/unit" -o timeout=600 "$@" \
+  nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider -p e2e.cputime --basetemp="$tmp/unit" -o timeout=600 "$@" \
     >"$logs/unit.log" 2>&1 || rc=1
   # A failed prepare is not a failure here: the kind lane builds again and reports what went wrong.
   [[ -z $prepare_pid ]] || wait "$prepare_pid" || echo "kind prepare failed (the kind lane retries): $logs/kind-prepare.log" >>"$logs/unit.log"
-  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider --basetemp="$tmp/own" "$@" \
+  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider -p e2e.cputime --basetemp="$tmp/own" "$@" \
     >"$logs/own-cluster.log" 2>&1 || rc=1
   return "$rc"
 }
 side "$@" &
 side_pid=$!
 trap 'kill "$side_pid" $images_pid 2>/dev/null; rm -rf "$tmp"; cleanup_cgroups' EXIT
-( [[ $cg_mode == none ]] || join "$cluster_cg"; exec "$py" -m pytest -m "cluster and not own_cluster" "$@" )
+( [[ $cg_mode == none ]] || { join "$cluster_cg"; export RTJ_LANE_CPU_FILE; RTJ_LANE_CPU_FILE=$(usage_file "$cluster_cg"); }
+  exec "$py" -m pytest -m "cluster and not own_cluster" -p e2e.cputime "$@" )
 cluster_rc=$?
 wait "$side_pid"
 side_rc=$?
