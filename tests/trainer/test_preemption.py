@@ -1,4 +1,4 @@
-"""SIGTERM on every rank (at slightly different times): finish the step, save, exit 143 quickly."""
+"""SIGTERM on every rank (at slightly different times): finish the step, save, exit 143 within the grace period."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from resilient_contract import completion, storage
 from tests.trainer.harness import SMALL_MODEL, Launcher, parse, wait_for
 
 pytestmark = pytest.mark.multiproc
+# What a stopping pod gets before its SIGKILL: Kubernetes' default terminationGracePeriodSeconds, and
+# torchrun's own shutdown timeout for its workers. The save and the exit must fit in it; that is the bound a
+# user notices. (Unloaded this takes ~2 s; on CI's starved side lane, with the disk shared with kind, 20 s.)
+GRACE_S = 30
 
 
 @pytest.mark.timeout(120)
@@ -26,9 +30,9 @@ def test_sigterm_saves_and_exits(launcher: Launcher, tmp_path: Path) -> None:
     time.sleep(0.3)  # the other rank is signalled a step later; they must still agree on one step
     t0 = time.monotonic()
     run.kill(signal.SIGTERM, ranks=[0])
-    codes = run.wait(timeout=30)
+    codes = run.wait(timeout=GRACE_S)  # fails the test past the grace period
     assert codes == [143, 143], run.tail()
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < GRACE_S
     preempted = parse(run.output(), "RTJ_PREEMPTED")
     assert len(preempted) == 1
     step = int(preempted[0]["step"])
