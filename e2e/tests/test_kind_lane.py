@@ -20,6 +20,7 @@ import pytest
 
 from e2e import scenarios
 from e2e.cluster import wait_for
+from e2e.kindcluster import CONTROL_PLANE_CPU_SHARES
 from e2e.kindcluster import lane as lanes
 from e2e.support import (
     MOUNT,
@@ -134,6 +135,8 @@ def test_a_killed_kind_worker_restarts_the_job_smaller_from_the_newest_checkpoin
     cl, name = lane.cluster, "tiny"
     if cl.engine is not None:
         assert host_network() == HOST_BEFORE  # a running engine and cluster: nothing of theirs on the host
+        inspect = cl.runner(["docker", "inspect", "-f", "{{.HostConfig.CpuShares}}", f"{cl.name}-control-plane"])
+        assert inspect.stdout.strip() == str(CONTROL_PLANE_CPU_SHARES)  # its API server keeps up with the leases
     operator = operator_pod(cl)
     assert operator is not None and operator.spec.node_name == f"{cl.name}-control-plane"
     scenarios.shared_claim(cl, ns)
