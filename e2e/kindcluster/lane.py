@@ -90,9 +90,9 @@ def install_operator(lane: Lane, log_level: str = "DEBUG") -> None:
 def lane_job(lane: Lane, name: str, namespace: str, cpu: str = "1", **kw: Any) -> dict[str, Any]:
     """scenarios.example_job with the example's limits kept and the trainer image the lane loaded. Its
     node-loss timeout is 8 s, as on real nodes: kind's kubelets beside both test lanes on two cores once
-    missed 4 s of Lease renewals (a second, spurious NodeLost left the job below its minimum). The cause was
-    the kind API server starved of CPU (every worker's lease PUT timed out together), which the control
-    plane's container's CPU shares now address (KindCluster._start_local)."""
+    missed 4 s of Lease renewals (a second, spurious NodeLost left the job below its minimum). The cause, as the
+    logs of a later 8 s miss show: the kind API server starved of CPU (every worker's lease PUT timed out
+    together), which the control plane's container's CPU shares now address (KindCluster._start_local)."""
     kw.setdefault("node_loss_timeout", 8)
     job = scenarios.example_job(name, namespace, **kw)
     container = job["spec"]["template"]["spec"]["containers"][0]
