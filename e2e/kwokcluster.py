@@ -16,6 +16,7 @@ stay as they were until the operator force-deletes them.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +96,8 @@ class KwokCluster:
 
     def stop(self, *, remove: bool = False) -> None:
         self.cluster.stop(remove=remove)
+        if remove:  # the audit log (15 MB at 200 nodes) lives outside the cluster's directory
+            shutil.rmtree(self.audit_log.parent, ignore_errors=True)
 
     def install_operator(self, *, workers: int | None = None, memory_limit: str = "2Gi") -> None:
         """A process node for the operator's pod, then the chart (as the e2e suite installs it)."""

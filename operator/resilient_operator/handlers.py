@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import socket
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +60,7 @@ class State:
     errors: dict[JobKey, int] = field(default_factory=dict)  # consecutive failed reconciles, for backoff
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     elector: leader.Elector | None = None
+    reconcilers: ThreadPoolExecutor | None = None  # one thread per worker (_start_workers)
     deliverer: delivery.Deliverer | None = None  # in-place plans (None: no signing key, every restart recreates)
 
 
@@ -136,6 +139,9 @@ async def _lead(state: State, leading: asyncio.Event) -> None:
 
 
 def _start_workers(state: State) -> None:
+    # Their own threads, as many as workers: asyncio's default executor has min(32, CPUs + 4), 6 on 2 cores, so
+    # RTJ_WORKERS=8 ran 6 reconciles at once, and every other `to_thread` call queued behind them.
+    state.reconcilers = ThreadPoolExecutor(max_workers=state.settings.workers, thread_name_prefix="reconcile")
     for index in range(state.settings.workers):
         state.tasks.append(asyncio.create_task(_worker(state), name=f"rtj-worker-{index}"))
 
@@ -150,6 +156,10 @@ async def cleanup(memo: Any, **_: Any) -> None:
     discovery.shutdown()
     if state.deliverer is not None:
         state.deliverer.close()
+    if state.reconcilers is not None:
+        state.reconcilers.shutdown(wait=False, cancel_futures=True)
+    if state.kube is not None:  # the events of the last reconciles, within the pod's grace
+        await asyncio.to_thread(state.kube.flush_events, 5.0)
     if state.cache is not None:
         state.cache.stop()
 
@@ -163,9 +173,9 @@ async def _worker(state: State) -> None:
             state.queue.add(key, BLIND_RETRY_SECONDS)
             continue
         try:
-            requeue, phase = await asyncio.to_thread(controller.reconcile_job, state.kube, state.cache, *key,
-                                                     state.settings.config, state.settings.kueue,
-                                                     state.deliverer)
+            requeue, phase = await asyncio.get_running_loop().run_in_executor(
+                state.reconcilers, functools.partial(controller.reconcile_job, state.kube, state.cache, *key,
+                                                     state.settings.config, state.settings.kueue, state.deliverer))
             if phase:
                 _note_phase(state, key, phase)
             state.errors.pop(key, None)

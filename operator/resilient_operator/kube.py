@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from resilient_operator import constants as c
+from resilient_operator.metrics import EVENTS_DROPPED
 
 log = logging.getLogger(__name__)
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -34,6 +38,14 @@ CONNECTIONS = 48
 LEASE_TIMEOUT = (3, 4)
 # A pod relabel after an agent acknowledged runs on a delivery thread (delivery.py): bounded like a Lease call.
 POD_PATCH_TIMEOUT = (3, 10)
+# Events are posted off the reconcile, as client-go's recorder does: a recovery emits 4-5 per job, and posted in
+# line they were most of a launch's round trips (at 200 hit jobs on 2 cores, launches ran at 8 a second, the
+# reconcile threads waiting on event creates). EVENT_SHARDS single-thread queues, a job always on the same one,
+# so one job's events keep their order; past MAX_PENDING_EVENTS unposted ones, new events are dropped (counted
+# and logged), so an API server that stopped answering cannot grow the operator's memory.
+EVENT_SHARDS = 4
+MAX_PENDING_EVENTS = 1000
+EVENT_TIMEOUT = (3, 10)
 
 
 def load_config() -> None:
@@ -86,6 +98,10 @@ class Kube:
         # Called before every write: with leader election, leader.Elector.ensure (raises NotLeader when
         # this replica does not hold the Lease by its own clock). The default: a single writer.
         self.write_guard: Callable[[], None] = lambda: None
+        self._event_shards = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"events-{i}")
+                              for i in range(EVENT_SHARDS)]
+        self._events_pending = 0
+        self._events_lock = threading.Lock()
 
     # the leader Lease (leader.py decides; these only call) ----------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -251,10 +267,51 @@ class Kube:
                 raise
 
     def emit_event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the job, so `kubectl describe rtj` tells the story."""
+        """A core/v1 Event on the job, so `kubectl describe rtj` tells the story: queued and posted by an event
+        thread (its time is now's, so the story keeps its order); never raises for the API's answer."""
         self.write_guard()
+        with self._events_lock:
+            if self._events_pending >= MAX_PENDING_EVENTS:
+                EVENTS_DROPPED.inc()
+                log.warning("event %s on %s dropped: %d events wait to be posted", reason,
+                            job["metadata"]["name"], self._events_pending)
+                return
+            self._events_pending += 1
         meta = job["metadata"]
-        now = datetime.now(UTC)
+        shard = zlib.crc32(f"{meta['namespace']}/{meta['name']}".encode()) % EVENT_SHARDS
+        args = (dict(meta), etype, reason, message, datetime.now(UTC))
+        try:
+            self._event_shards[shard].submit(self._post_event, *args)
+        except RuntimeError:  # shutting down
+            with self._events_lock:
+                self._events_pending -= 1
+
+    def _post_event(self, meta: dict[str, Any], etype: str, reason: str, message: str, now: datetime) -> None:
+        try:
+            self._create_event(meta, etype, reason, message, now)
+        except Exception as exc:  # NotLeader (the Lease was lost meanwhile), a timeout: never the thread's end
+            log.warning("could not post event %s on %s: %s: %s", reason, meta.get("name"), type(exc).__name__, exc)
+        finally:
+            with self._events_lock:
+                self._events_pending -= 1
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued event was posted (or `timeout`); True when none is left."""
+        done = threading.Event()
+        remaining = [len(self._event_shards)]
+
+        def one_done() -> None:
+            with self._events_lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+        for shard in self._event_shards:
+            shard.submit(one_done)
+        return done.wait(timeout)
+
+    def _create_event(self, meta: dict[str, Any], etype: str, reason: str, message: str, now: datetime) -> None:
+        self.write_guard()  # again: this replica may have lost the Lease while the event waited
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(
@@ -267,6 +324,7 @@ class Kube:
             reporting_component=COMPONENT, reporting_instance=self.identity,
         )
         try:
-            self.core.create_namespaced_event(meta["namespace"], event)
+            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False,
+                                              _request_timeout=EVENT_TIMEOUT)
         except ApiException as exc:  # an event is never worth failing a reconcile
             log.warning("could not post event %s on %s: %s", reason, meta["name"], exc.reason)

@@ -21,6 +21,7 @@ TIME_TO_RELAUNCH = Histogram(
 )
 RECONCILE_SECONDS = Histogram("rtj_reconcile_seconds", "One observe-decide-apply pass")
 RECONCILE_ERRORS = Counter("rtj_reconcile_errors_total", "Reconciles that raised", ["error"])
+EVENTS_DROPPED = Counter("rtj_events_dropped_total", "Events not posted: too many waited to be posted (kube.py)")
 JOBS_BY_PHASE = Gauge("rtj_jobs", "Jobs by phase", ["phase"])
 LEADER = Gauge("rtj_leader", "1 while this replica holds the leader Lease (it alone reconciles and writes), else 0")
 
