@@ -417,6 +417,8 @@ def main() -> None:
     ap.add_argument("--restart", type=lambda v: [c.RestartStrategy(x) for x in v.split(",")],
                     default=[c.RestartStrategy.IN_PLACE, c.RestartStrategy.RECREATE],
                     help="kwok: the jobs' restartStrategy, one fresh cluster each (default InPlace,Recreate)")
+    ap.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="kwok: an environment variable for the operator (repeatable)")
     ap.add_argument("--keep", action="store_true", help="kwok: keep the cluster's logs (its directory is printed)")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
@@ -507,7 +509,8 @@ def run_kwok(args: argparse.Namespace) -> None:
     for restart in args.restart:
         kc = KwokCluster.start("kwokbench")
         try:
-            kc.install_operator(workers=args.operator_workers)
+            kc.install_operator(workers=args.operator_workers,
+                                env=dict(kv.split("=", 1) for kv in args.operator_env))
             result = run_scale(kc, nodes=args.nodes, jobs=args.jobs, workers=args.workers, kill=args.kill,
                                loss_timeout=args.loss_timeout, steady=args.steady, timeout=args.timeout,
                                restart=restart,

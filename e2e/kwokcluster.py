@@ -99,14 +99,21 @@ class KwokCluster:
         if remove:  # the audit log (15 MB at 200 nodes) lives outside the cluster's directory
             shutil.rmtree(self.audit_log.parent, ignore_errors=True)
 
-    def install_operator(self, *, workers: int | None = None, memory_limit: str = "2Gi") -> None:
+    def install_operator(self, *, workers: int | None = None, memory_limit: str = "2Gi",
+                         env: dict[str, str] | None = None) -> None:
         """A process node for the operator's pod, then the chart (as the e2e suite installs it)."""
         cl = self.cluster
         # one replica: the figures are one operator's; a standby would double the watch load on the 2 cores
         support.install_operator(cl, pool=(), values={"resources.limits.memory": memory_limit, "replicaCount": "1"},
                                  wait="180s")
-        if workers:
-            cl.kubectl("-n", support.OPERATOR_NS, "set", "env", "deployment", "--all", f"RTJ_WORKERS={workers}")
+        env = {**(env or {}), **({"RTJ_WORKERS": str(workers)} if workers else {})}
+        if env:
+            cl.kubectl("-n", support.OPERATOR_NS, "set", "env", "deployment", "--all",
+                       *(f"{k}={v}" for k, v in env.items()))
+            # the change rolls the pod: wait until the old one is gone, so the figures are the new one's
+            cl.kubectl("-n", support.OPERATOR_NS, "rollout", "status", "deployment", "--timeout=180s")
+            wait_for(lambda: len(support.core(cl).list_namespaced_pod(support.OPERATOR_NS).items) == 1, 120,
+                     "one operator pod")
         support.wait_operator_ready(cl)
         wait_for(lambda: support.operator_metrics(cl), 120, "operator metrics")
 
