@@ -2,10 +2,13 @@
 
 Two substrates. `--substrate kwok` (scale): KWOK fakes N nodes and their pods on the real local control
 plane (no processes); J jobs of W workers (elastic min W/2) are submitted, run, sit through a quiet
-steady state, then K nodes die at once. Reported from the same run: submit -> all running; kill -> every
-hit job running again on live nodes (p50/p99/max); hit jobs restarted twice; the operator's RSS and CPU
-seconds; its API requests by verb and resource (from the API server's audit log, filtered to the
-operator's ServiceAccount) in the steady state and during the recovery; reconcile latency p50/p99.
+steady state, then K nodes die at once, once per `--restart` strategy (InPlace, then Recreate, each on a
+fresh cluster; under InPlace, e2e.kwokagents' stand-in agents take the plans at the pods' IPs). Reported:
+submit -> all running; kill -> every hit job running again on live nodes (p50/p99/max); hit jobs restarted
+twice; how the restarts ran (history), pods kept and created against pods lost, plan deliveries by result;
+the operator's RSS and CPU seconds; its API requests by verb and resource (from the API server's audit log,
+filtered to the operator's ServiceAccount) in the steady state and during the recovery, and when each kind
+of write came after the kill; live nodes the harness saw quiet; reconcile latency p50/p99.
 
     python bench/scale_bench.py --substrate kwok --nodes 1000 --jobs 2000 --workers 8 --kill 100
 
