@@ -39,7 +39,7 @@ LEASE_TIMEOUT = (3, 4)
 # A pod relabel after an agent acknowledged runs on a delivery thread (delivery.py): bounded like a Lease call.
 POD_PATCH_TIMEOUT = (3, 10)
 # Events are posted off the reconcile, as client-go's recorder does: a recovery emits 4-5 per job, and posted in
-# line each held a reconcile thread for a round trip to a busy API server (a third of the reconcile threads'
+# line each held a reconcile thread for a round trip to a busy API server (a fifth of the reconcile threads'
 # samples in a 200-node recovery's profile). EVENT_SHARDS single-thread queues, a job always on the same one,
 # so one job's events keep their order; past MAX_PENDING_EVENTS unposted ones, new events are dropped (counted
 # and logged), so an API server that stopped answering cannot grow the operator's memory.
