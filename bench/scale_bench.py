@@ -329,9 +329,8 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     def all_back() -> bool:
         st = statuses()
         now = time.monotonic() - tk
-        t_now = time.monotonic()
         quiet_samples.append(sum(1 for n, (_, at) in list(renewed.items())
-                                 if n not in dead and t_now - at >= loss_timeout / 2))
+                                 if n not in dead and tk + now - at >= loss_timeout / 2))
         for name in hit:
             if name not in recovered and job_back(name, st.get(name, {})):
                 recovered[name] = now
@@ -339,6 +338,10 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
 
     try:
         wait_for(all_back, timeout, f"the {len(hit)} hit jobs running again on live nodes", interval=0.5)
+    except BaseException:
+        if fleet is not None:
+            fleet.stop()
+        raise
     finally:
         k1 = _utcnow()
         cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
@@ -356,6 +359,8 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     plans_taken = fleet.plans_taken() if fleet is not None else 0
     if fleet is not None:
         fleet.stop()
+        if fleet.bind_errors:  # those pods had no agent: their plans were refused, and they were replaced
+            log(f"{len(fleet.bind_errors)} stand-in agents could not listen, e.g. {fleet.bind_errors[0]}")
     rss["after"] = support.process_rss_bytes(pid) / 2**20
     cpu4 = cpu_seconds(pid)
     job_inf.stop()

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from e2e.controlplane import network
+from e2e.kwokcluster import POD_CIDR
 from resilient_contract import environment, plan
 from resilient_operator import constants as c
 from resilient_trainer import agent as real_agent
-
-POD_CIDR = "10.240.0.0/12"  # KWOK's --cidr: every KWOK pod's IP comes from here
 
 
 @dataclass
@@ -48,17 +47,14 @@ class PodAgent:
     public_key: str
     attempt: int
     plans: list[int] = field(default_factory=list)  # the attempts it took, in order
-    refused: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def offer(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
             new = plan.verify(body, self.public_key, self.job_uid, self.pod_uid)
         except plan.NotForUs as exc:
-            self.refused += 1
             return 403, {"error": str(exc)}
         except plan.PlanError as exc:
-            self.refused += 1
             return 400, {"error": str(exc)}
         with self.lock:
             if new.attempt < self.attempt:
@@ -125,15 +121,8 @@ class AgentFleet:
         if not known and (found := pod_agent(new)) is not None:
             self._queue("add", found)
 
-    def listening(self) -> int:
-        with self._lock:
-            return len(self._servers)
-
     def plans_taken(self) -> int:
         return sum(len(a.plans) for a in list(self.agents.values()))
-
-    def refused(self) -> int:
-        return sum(a.refused for a in list(self.agents.values()))
 
     def stop(self) -> None:
         self._stop.set()

@@ -33,6 +33,7 @@ from e2e.localcluster import Cluster
 BUILD_SCRIPT = REPO_ROOT / "hack" / "kwok" / "build.sh"
 MANAGED = "kwok.x-k8s.io/node"
 KWOK_LABEL = {"type": "kwok"}
+POD_CIDR = "10.240.0.0/12"  # KWOK's --cidr: every KWOK pod's IP comes from here (e2e.kwokagents listens there)
 LEASE_SECONDS = 40  # a kubelet's default; renewed every 10 s
 # A real cluster's node-monitor-grace-period (50 s since 1.32; 40 s before): longer than a renew interval.
 NODE_MONITOR_GRACE = "40s"
@@ -85,7 +86,7 @@ class KwokCluster:
                 proc = subprocess.Popen(
                     [str(binary), f"--kubeconfig={cl.kubeconfig}", f"--config={binary.parent / 'stages.yaml'}",
                      f"--config={options}", f"--manage-nodes-with-annotation-selector={MANAGED}=fake",
-                     f"--node-lease-duration-seconds={LEASE_SECONDS}", "--cidr=10.240.0.0/12",
+                     f"--node-lease-duration-seconds={LEASE_SECONDS}", f"--cidr={POD_CIDR}",
                      "--node-ip=10.239.0.1", "--v=WARN"],  # its per-object INFO lines cost a core at scale
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             kwok = cl.adopt("kwok", proc, log)  # stopped with the cluster (and by its watchdog)
