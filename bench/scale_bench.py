@@ -34,6 +34,7 @@ operator, dominates the wall times; the RSS and reconcile figures are the operat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -81,6 +82,25 @@ def request_times(audit_log: Path, since: datetime, until: datetime) -> dict[tup
             if ref.get("subresource"):
                 resource += "/" + ref["subresource"]
             out.setdefault((event["verb"], resource), []).append((at - since).total_seconds())
+    return out
+
+
+def status_patches(audit_log: Path, since: datetime, until: datetime) -> Counter[str]:
+    """The operator's status patches in [since, until), by job name (a job's recovery against goodput's clock)."""
+    seen: set[str] = set()
+    out: Counter[str] = Counter()
+    with audit_log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if event["verb"] != "patch" or ref.get("resource") != c.PLURAL or ref.get("subresource") != "status":
+                continue
+            if event["auditID"] in seen:
+                continue
+            seen.add(event["auditID"])
+            at = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if since <= at < until:
+                out[ref.get("name", "?")] += 1
     return out
 
 
@@ -134,6 +154,66 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU jiffies of the whole machine since boot (/proc/stat's first line; iowait is idle)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def cpu_by_command() -> dict[tuple[int, str], float]:
+    """(pid, command) -> CPU seconds of every process on the machine: the harness's view of who used the box."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        if comm.startswith("python"):  # which program: the module or script it runs
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                comm = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a == b"-m"), None) \
+                    or next((Path(a.decode()).name for a in argv[1:] if a.endswith(b".py")), comm)
+        fields = raw.rsplit(")", 1)[1].split()
+        out[(int(entry.name), comm)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def cpu_spent(before: dict[tuple[int, str], float], after: dict[tuple[int, str], float]) -> Counter[str]:
+    """CPU seconds by command between two `cpu_by_command`s (a process started meanwhile counts from 0)."""
+    spent: Counter[str] = Counter()
+    for key, seconds in after.items():
+        spent[key[1]] += seconds - before.get(key, 0.0)
+    return spent
+
+
+class MachineSampler:
+    """The whole machine's busy share, once a second: is the box itself the bottleneck of a recovery?"""
+
+    def __init__(self) -> None:
+        import threading
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, busy share of all cores)
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="machine-cpu", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = machine_jiffies()
+        while not self._stop.wait(1.0):
+            now = machine_jiffies()
+            if now[1] > last[1]:
+                self.samples.append((time.monotonic() - self._t0, (now[0] - last[0]) / (now[1] - last[1])))
+            last = now
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -175,6 +255,12 @@ class ScaleResult:
     quiet_live: tuple[int, float] = (0, 0.0)
     # (verb, resource) -> when the API server received the first, the median and the last of them, after the kill
     recovery_times: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
+    harness_cpu_s: float = 0.0  # this process (informers, stand-in agents) during the recovery
+    by_command: Counter[str] = field(default_factory=Counter)  # every process's CPU s in the recovery, by command
+    # status patches in the recovery per job: the hit jobs' (p50, max) and the others' (p50: goodput's clock)
+    patches_hit: tuple[float, float] = (math.nan, math.nan)
+    patches_other: float = math.nan
+    machine_busy: list[tuple[float, float]] = field(default_factory=list)  # (s after the kill, busy share)
 
     def table(self) -> str:
         rel = self.relaunch_s
@@ -207,7 +293,21 @@ class ScaleResult:
         if self.control_plane_cpu_s:
             cpu = ", ".join(f"{n} {v:.0f}" for n, v in sorted(self.control_plane_cpu_s.items(), key=lambda x: -x[1]))
             lines.append(f"{'CPU s in the recovery':<34} operator {self.cpu_s['recovery']:.0f}, {cpu}; "
-                         f"machine load {self.load_average:.1f} on {os.cpu_count()} cores")
+                         f"harness {self.harness_cpu_s:.0f}; machine load {self.load_average:.1f} on "
+                         f"{os.cpu_count()} cores")
+        if self.machine_busy:
+            busy = [b for _, b in self.machine_busy]
+            late = [b for t, b in self.machine_busy if t >= self.loss_timeout - 5]
+            lines.append(f"{'machine busy (all cores, 1 s)':<34} p50 {percentile(busy, 0.5):.0%}, from "
+                         f"timeout - 5 s on: p50 {percentile(late, 0.5):.0%}, seconds >= 95% busy "
+                         f"{sum(1 for b in late if b >= 0.95)} of {len(late)}")
+        if self.by_command:
+            busy_s = sum(b for _, b in self.machine_busy) * (os.cpu_count() or 1)
+            top = ", ".join(f"{n} {v:.0f}" for n, v in self.by_command.most_common(10) if v >= 0.5)
+            lines.append(f"{'CPU s by process, recovery':<34} {top}; all processes "
+                         f"{sum(self.by_command.values()):.0f} of the machine's {busy_s:.0f} busy")
+        lines.append(f"{'status patches per job, recovery':<34} hit jobs p50 {self.patches_hit[0]:.0f}, max "
+                     f"{self.patches_hit[1]:.0f}; jobs not hit p50 {self.patches_other:.0f} (goodput's clock)")
         lines.append(f"{'live nodes quiet (timeout/2)':<34} at most {self.quiet_live[0]} at once, "
                      f"some quiet {self.quiet_live[1]:.0%} of the recovery")
         if self.recovery_times:
@@ -311,7 +411,9 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     before = {n: s.get("attempt", 1) for n, s in statuses().items()}
     comps = {n: comp.proc.pid for n, comp in cl.components.items() if comp.proc.poll() is None}
     cp0 = {n: cpu_seconds(p) for n, p in comps.items()}
+    h0, all0 = cpu_seconds(os.getpid()), cpu_by_command()
     k0, tk = _utcnow(), time.monotonic()
+    sampler = MachineSampler()
     kc.kill_nodes(sorted(dead))
     log(f"killed {kill} nodes; {len(hit)} jobs hit")
     recovered: dict[str, float] = {}
@@ -345,6 +447,8 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     finally:
         k1 = _utcnow()
         cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
+        harness_cpu, by_command = cpu_seconds(os.getpid()) - h0, cpu_spent(all0, cpu_by_command())
+        busy = sampler.stop()
     time.sleep(2)  # a window for a second, spurious restart to show
     st = statuses()
     m3 = support.operator_metrics(cl)
@@ -368,6 +472,9 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     lease_inf.stop()
     errors = support.metric_samples(m3, "rtj_reconcile_errors_total")
     times = request_times(kc.audit_log, k0, k1)
+    per_job = status_patches(kc.audit_log, k0, k1)
+    hit_patches = [float(per_job.get(n, 0)) for n in hit]
+    other_patches = [float(per_job.get(n, 0)) for n in sorted(set(job_names) - set(hit))]
     return ScaleResult(
         restart=str(restart), nodes=nodes, jobs=jobs, workers=workers, killed=kill, hit=len(hit),
         loss_timeout=loss_timeout,
@@ -382,7 +489,10 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
                    "recovery": reconcile_stats(m3, m2)},
         delivery_s=reconcile_stats(m3, m2, "rtj_plan_delivery_seconds"),
         errors=sum(errors.values()), control_plane_cpu_s=cp1, load_average=os.getloadavg()[0],
-        lost_pods=lost_pods, executed=executed, kept_pods=kept,
+        lost_pods=lost_pods, executed=executed, kept_pods=kept, harness_cpu_s=harness_cpu, machine_busy=busy,
+        by_command=by_command,
+        patches_hit=(percentile(hit_patches, 0.5), max(hit_patches, default=math.nan)),
+        patches_other=percentile(other_patches, 0.5),
         deliveries={k: v for k, v in deliveries.items() if v}, plans_taken=plans_taken,
         quiet_live=(max(quiet_samples, default=0),
                     sum(1 for q in quiet_samples if q) / max(len(quiet_samples), 1)),
@@ -533,11 +643,12 @@ def run_kwok(args: argparse.Namespace) -> None:
         p99 = percentile(result.relaunch_s, 0.99)
         steady_lists = sum(n for (verb, _), n in result.steady_requests.items() if verb == "list")
         creates = result.recovery_requests.get(("create", "pods"), 0)
-        patches = result.recovery_requests.get(("patch", f"{c.PLURAL}/status"), 0)
+        # a hit job's own patches beyond what goodput's clock writes for every job in the same window
+        patches = result.patches_hit[0] - result.patches_other
         print(f"goals, {result.restart}: relaunch p99 {p99:.1f} s <= {args.loss_timeout + 5:.0f} s: "
               f"{p99 <= args.loss_timeout + 5}; pod creates {creates} = lost pods {result.lost_pods}: "
-              f"{creates == result.lost_pods}; status patches per hit job {patches / max(result.hit, 1):.1f} <= 4: "
-              f"{patches <= 4 * result.hit}; no LIST in steady state: {steady_lists == 0}; "
+              f"{creates == result.lost_pods}; status patches per hit job, beyond the clock's, p50 {patches:.0f} <= 4: "
+              f"{patches <= 4}; no LIST in steady state: {steady_lists == 0}; "
               f"RSS {result.rss_mib['after']:.0f} MiB < 500 MiB: {result.rss_mib['after'] < 500}")  # fmt: skip
 
 
