@@ -100,11 +100,14 @@ class Api:
 
 
 class Informer(threading.Thread):
-    """List+watch one resource into a dict keyed by uid; calls `changed()` on every update."""
+    """List+watch one resource into a dict keyed by uid; calls `changed()` on every update, or with `key` only
+    on those that change `key(object)` (a deletion included): a reader of a few fields of every pod in the
+    cluster is not woken by the relabels and status writes of hundreds of pods it does not care about."""
 
-    def __init__(self, api: Api, path: str, changed: Callable[[], None], query: dict[str, Any] | None = None) -> None:
+    def __init__(self, api: Api, path: str, changed: Callable[[], None], query: dict[str, Any] | None = None,
+                 key: Callable[[dict[str, Any] | None], Any] | None = None) -> None:
         super().__init__(daemon=True, name=f"informer {path}")
-        self.api, self.path, self.changed, self.query = api, path, changed, query or {}
+        self.api, self.path, self.changed, self.query, self.key = api, path, changed, query or {}, key
         self.items: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
         self.synced = threading.Event()
@@ -134,10 +137,13 @@ class Informer(threading.Thread):
                             continue
                         with self.lock:
                             if ev["type"] == "DELETED":
-                                self.items.pop(obj["metadata"]["uid"], None)
+                                old = self.items.pop(obj["metadata"]["uid"], None)
+                                new = None
                             else:
-                                self.items[obj["metadata"]["uid"]] = obj
-                        self.changed()
+                                old = self.items.get(obj["metadata"]["uid"])
+                                self.items[obj["metadata"]["uid"]] = new = obj
+                        if self.key is None or self.key(old) != self.key(new):
+                            self.changed()
             except Exception as exc:
                 LOG.warning("informer %s: %s; relisting", self.path, exc)
                 time.sleep(0.5)

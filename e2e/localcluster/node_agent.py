@@ -36,6 +36,10 @@ LOG = logging.getLogger("node-agent")
 # a real cluster, with room for a heartbeat thread delayed by a busy 2-core machine.
 LEASE_RENEW_S = 1.0
 STATUS_EVERY_S = 5.0
+# The pods' /etc/hosts (our CoreDNS) are rewritten at most this often: each rewrite reads every pod in the
+# cluster, and a 200-node recovery changes hundreds a second (pods going, coming, turning Ready). A record
+# comes at most this late plus the loop's 0.5 s wake, as CoreDNS's answers lag the EndpointSlices.
+HOSTS_EVERY_S = 0.25
 
 
 class NodeAgent:
@@ -54,6 +58,7 @@ class NodeAgent:
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.hosts_dirty = True
+        self.hosts_written = 0.0  # time.monotonic() of the last rewrite
         # Like a kubelet, the agent sees only the pods bound to its node...
         self.pods = Informer(self.api, "/api/v1/pods", self.changed,
                              {"fieldSelector": f"spec.nodeName={self.node}"})
@@ -61,7 +66,7 @@ class NodeAgent:
         dkc = json.loads(Path(cfg["dns_kubeconfig"]).read_text())["users"][0]["user"]
         self.dns_api = Api(cfg["api_host"], cfg["api_port"], cfg["ca_crt"], dkc["client-certificate"],
                            dkc["client-key"])
-        self.all_pods = Informer(self.dns_api, "/api/v1/pods", self.changed)
+        self.all_pods = Informer(self.dns_api, "/api/v1/pods", self.changed, key=podspec.dns_fields)
         self.services = Informer(self.dns_api, "/api/v1/services", self.changed)
         self.started = now()
 
@@ -184,8 +189,8 @@ class NodeAgent:
                 if uid not in pods:
                     rt.removed.set()
                     rt.wake.set()
-            if self.hosts_dirty:
-                self.hosts_dirty = False
+            if self.hosts_dirty and time.monotonic() - self.hosts_written >= HOSTS_EVERY_S:
+                self.hosts_dirty, self.hosts_written = False, time.monotonic()
                 for rt in self.runtimes.values():
                     if (rt.dir / "hosts").exists():
                         with contextlib.suppress(Exception):

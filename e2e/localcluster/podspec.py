@@ -324,21 +324,29 @@ def dns_records(pods: Iterable[Mapping[str, Any]], services: Iterable[Mapping[st
             headless[(svc["metadata"]["namespace"], svc["metadata"]["name"])] = spec
     lines = []
     for pod in pods:
-        meta, spec, st = pod["metadata"], pod["spec"], pod.get("status") or {}
-        sub = spec.get("subdomain")
-        if not sub or not st.get("podIP") or (meta["namespace"], sub) not in headless:
+        pns, name, sub, hostname, ip, ready, deleting = dns_fields(pod)
+        if not sub or not ip or (pns, sub) not in headless:
             continue
-        svc = headless[(meta["namespace"], sub)]
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or [])
-        if meta.get("deletionTimestamp") or not (ready or svc.get("publishNotReadyAddresses")):
+        svc = headless[(pns, sub)]
+        if deleting or not (ready or svc.get("publishNotReadyAddresses")):
             continue
-        host = spec.get("hostname") or meta["name"]
-        pns = meta["namespace"]
+        host = hostname or name
         names = [f"{host}.{sub}.{pns}.svc.cluster.local", f"{host}.{sub}.{pns}.svc", f"{host}.{sub}.{pns}"]
         if pns == ns:
             names.append(f"{host}.{sub}")
-        lines.append(f"{st['podIP']}\t{' '.join(names)}")
+        lines.append(f"{ip}\t{' '.join(names)}")
     return lines
+
+
+def dns_fields(pod: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """All of a pod that `dns_records` reads: a change to anything else (labels, annotations, most of the
+    status) changes no pod's /etc/hosts, so the node agents need not rewrite them for it."""
+    if pod is None:
+        return ()
+    meta, spec, st = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    return (meta["namespace"], meta["name"], spec.get("subdomain"), spec.get("hostname"), st.get("podIP"), ready,
+            bool(meta.get("deletionTimestamp")))
 
 
 def node_pod_ips(subnet: int, index: int) -> list[str]:

@@ -285,3 +285,22 @@ def test_the_simulated_images_are_what_the_dockerfiles_build(image: str, dockerf
     assert sim["command"] == entry and sim.get("args", []) == cmd
     assert f"{sim['user']}:{sim['group']}" == user
     assert sim["env"] == {k: v for k, v in env.items() if k not in ("PATH", "HOME")}
+
+
+def test_dns_fields_change_exactly_when_a_pods_dns_records_can() -> None:
+    """The node agents rewrite /etc/hosts only when a pod's `dns_fields` change: a relabel or a status write that
+    leaves them alone must leave every record alone, and each field the records read must show in them."""
+    svc = {"metadata": {"name": "job", "namespace": "ns1"}, "spec": {"clusterIP": "None"}}
+    base = _peer("w0", "ns1", True, labels={"attempt": "1"})
+    relabelled = {**base, "metadata": {**base["metadata"], "labels": {"attempt": "2"}, "annotations": {"a": "b"}},
+                  "status": {**base["status"], "phase": "Running", "containerStatuses": [{"name": "x"}]}}
+    assert podspec.dns_fields(relabelled) == podspec.dns_fields(base)
+    assert podspec.dns_records([relabelled], [svc], "ns1") == podspec.dns_records([base], [svc], "ns1")
+    changes = [{**base, "status": {**base["status"], "podIP": "10.100.1.9"}},
+               _peer("w0", "ns1", False),
+               {**base, "metadata": {**base["metadata"], "deletionTimestamp": "t"}},
+               {**base, "spec": {**base["spec"], "hostname": "w9"}}]
+    for changed in changes:
+        assert podspec.dns_fields(changed) != podspec.dns_fields(base)
+        assert podspec.dns_records([changed], [svc], "ns1") != podspec.dns_records([base], [svc], "ns1")
+    assert podspec.dns_fields(None) != podspec.dns_fields(base)  # a deletion is a change
