@@ -62,6 +62,14 @@ def _raw(response: Any) -> Any:
     return json.loads(response.data)
 
 
+def _discard(response: Any) -> None:
+    """A write's answer nobody reads: not made into the client's models (a pod's took a reconcile thread longer
+    than its decision), and read to the end so its connection goes back to the pool. Left unread, it is dropped
+    with the response: the next request pays a new TLS handshake, on both ends."""
+    response.read()
+    response.release_conn()
+
+
 def _lease_or_none(expected: tuple[int, ...], call: Callable[[], Any]) -> dict[str, Any] | None:
     """The Lease a call returned, or None when it failed with one of the `expected` statuses (gone, or
     another replica got there first): leader.py decides what that means."""
@@ -138,11 +146,11 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         try:
             if manifest["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, manifest)  # the client takes dicts
+                _discard(self.core.create_namespaced_pod(ns, manifest, _preload_content=False))  # takes dicts
             elif manifest["kind"] == "Service":
-                self.core.create_namespaced_service(ns, manifest)
+                _discard(self.core.create_namespaced_service(ns, manifest, _preload_content=False))
             elif manifest["kind"] == "PodDisruptionBudget":
-                self.policy.create_namespaced_pod_disruption_budget(ns, manifest)
+                _discard(self.policy.create_namespaced_pod_disruption_budget(ns, manifest, _preload_content=False))
             else:
                 raise ValueError(f"cannot create {manifest['kind']}")
             return True
@@ -156,8 +164,9 @@ class Kube:
         self.write_guard()
         grace = 0 if force else None
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
-                                            body=client.V1DeleteOptions(grace_period_seconds=grace))
+            _discard(self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace,
+                                                     body=client.V1DeleteOptions(grace_period_seconds=grace),
+                                                     _preload_content=False))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -170,8 +179,9 @@ class Kube:
         self.write_guard()
         body = {"metadata": {"uid": uid, "labels": dict(labels), "annotations": dict(annotations)}}
         try:
-            self.core.patch_namespaced_pod(name, namespace, body, _request_timeout=POD_PATCH_TIMEOUT,
-                                           _content_type="application/merge-patch+json")
+            _discard(self.core.patch_namespaced_pod(name, namespace, body, _request_timeout=POD_PATCH_TIMEOUT,
+                                                    _content_type="application/merge-patch+json",
+                                                    _preload_content=False))
             return True
         except ApiException as exc:
             if exc.status in (404, 409) or (exc.status == 422 and _invalid_field(exc) == "metadata.uid"):
@@ -217,7 +227,7 @@ class Kube:
         """Release an attempt's PodDisruptionBudget; one already gone is fine."""
         self.write_guard()
         try:
-            self.policy.delete_namespaced_pod_disruption_budget(name, namespace)
+            _discard(self.policy.delete_namespaced_pod_disruption_budget(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -324,7 +334,7 @@ class Kube:
             reporting_component=COMPONENT, reporting_instance=self.identity,
         )
         try:
-            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False,
-                                              _request_timeout=EVENT_TIMEOUT)
+            _discard(self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False,
+                                                       _request_timeout=EVENT_TIMEOUT))
         except ApiException as exc:  # an event is never worth failing a reconcile
             log.warning("could not post event %s on %s: %s", reason, meta["name"], exc.reason)

@@ -20,10 +20,21 @@ class _Core:
         self.posted: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def create_namespaced_event(self, namespace: str, event: Any, **_: Any) -> None:
+    def create_namespaced_event(self, namespace: str, event: Any, **_: Any) -> _Answer:
         self.release.wait(10)
         with self.lock:
             self.posted.append((event.involved_object.name, event.reason))
+        return _Answer()
+
+
+class _Answer:
+    """The raw answer (`_preload_content=False`) the operator reads to the end and hands back to the pool."""
+
+    def read(self) -> bytes:
+        return b"{}"
+
+    def release_conn(self) -> None:
+        pass
 
 
 def job(name: str) -> dict[str, Any]:
