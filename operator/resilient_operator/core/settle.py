@@ -41,9 +41,10 @@ class Wait:
 
 
 def decide(health: Health, placement: Placement, desired: int, policy: ElasticPolicy, now: datetime,
-           bound: float, waiting_since: datetime | None) -> Wait | None:
-    """A wait when nodes about to be usable would make the world size larger; None to launch now."""
-    cap = capacity.capacity(health, placement)
+           bound: float, waiting_since: datetime | None, cap: capacity.Capacity | None = None) -> Wait | None:
+    """A wait when nodes about to be usable would make the world size larger; None to launch now. `cap`: the
+    healthy capacity for `placement`, when the caller has counted it already."""
+    cap = cap if cap is not None else capacity.capacity(health, placement)
     now_size = capacity.choose_replicas(desired, policy, cap.total) or 0
     if now_size >= min(desired, policy.max_replicas):
         return None

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, cast
 
 from resilient_contract.storage.listing import Listing
@@ -79,6 +79,11 @@ class Inputs:
                    health.assess(node_map, now, job.spec.node_loss_timeout),
                    drain.draining(node_map, config.drain_taints), listing, now, progress, config, workload,
                    kueue_ready, undeliverable=undeliverable or {})
+
+    @cached_property
+    def healthy_capacity(self) -> capacity.Capacity:
+        """Workers per healthy node for this placement, counted once per pass (every step asks)."""
+        return capacity.capacity(self.health, self.placement)
 
     @property
     def admitted(self) -> queueing.Gate | None:
@@ -201,7 +206,7 @@ class Draft:
     def target_replicas(self, inp: Inputs, *, within_admission: bool = True) -> tuple[int | None, int]:
         """The size the healthy capacity (and Kueue's admission, if any) allows (None below the minimum), and
         that capacity (draining nodes, even ones the template tolerates, hold nothing: they are about to go)."""
-        per_node = capacity.capacity(inp.health, inp.placement).per_node
+        per_node = inp.healthy_capacity.per_node
         skip = set(inp.draining) | set(self.bad_nodes(inp.now))
         cap = sum(n for name, n in per_node.items() if name not in skip)
         desired = inp.desired if within_admission else inp.job.spec.replicas

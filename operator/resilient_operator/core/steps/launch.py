@@ -53,7 +53,7 @@ def relaunch(inp: Inputs, d: Draft) -> None:
             d.plan.look_again((retry - inp.now).total_seconds())
             return
     if d.phase == c.RESTARTING:
-        silent = capacity.quiet(inp.health, capacity.capacity(inp.health, inp.placement))
+        silent = capacity.quiet(inp.health, inp.healthy_capacity)
         if silent:  # a node that went quiet with the lost one may be about to follow it: restart once
             d.plan.look_again(max(0.1, min(UNSETTLED_RECHECK_SECONDS, *silent.values())))
             return
@@ -93,7 +93,7 @@ def _settling(inp: Inputs, d: Draft) -> bool:
     """Full capacity is seconds away (a node Ready again, its lifecycle taint about to go): wait, bounded."""
     st = d.status
     wait = settle.decide(inp.health, inp.placement, inp.desired, inp.job.spec.elastic, inp.now,
-                         inp.config.settle_seconds, parse(st.get("settlingSince")))
+                         inp.config.settle_seconds, parse(st.get("settlingSince")), inp.healthy_capacity)
     if wait is None:
         st.pop("settlingSince", None)
         return False

@@ -135,8 +135,11 @@ def _grow_back(inp: Inputs, d: Draft, replicas: int) -> growback.Grow | None:
     """Note capacity coming back (status.growBack); the decision to restart larger, once it is time."""
     st = d.status
     latest = (st.get("latestCheckpoint") or {}).get("step", -1)
-    decision = growback.decide(replicas, d.target_replicas(inp, within_admission=False)[0], latest,
-                               st.get("growBack"))
+    # At full size no capacity can make it larger: the count of every node's slots (most of a pass over a
+    # few hundred nodes) is needed only below it.
+    full = inp.job.spec.replicas >= 1 and replicas >= min(inp.job.spec.replicas, inp.job.spec.elastic.max_replicas)
+    target = None if full else d.target_replicas(inp, within_admission=False)[0]
+    decision = growback.decide(replicas, target, latest, st.get("growBack"))
     if decision.action == growback.NONE:
         st.pop("growBack", None)
     elif decision.action == growback.NOTICE:
