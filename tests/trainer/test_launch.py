@@ -97,6 +97,10 @@ def test_recorded_success_beats_exit_code(launcher: Launcher, tmp_path: Path) ->
         env = node_env(tmp_path, 0, free_port(), attempt=attempt, nnodes=1, nproc=1)
         if mode == "fail":  # stale success from attempt 0 left in the file
             Path(env[completion.TERMINATION_LOG_ENV]).write_text("RTJ_SUCCEEDED attempt=0\n")
+        scratch = tmp_path / f"tmp-{mode}"  # the launcher's own temporary files: none left behind
+        scratch.mkdir()
+        env["TMPDIR"] = str(scratch)
         run = start_process(launcher, [sys.executable, "-m", "resilient_trainer.launch", "--", str(script), mode],
                             env, f"exit-{mode}")
         assert run.wait(100) == [expected], run.tail()
+        assert not list(scratch.glob("rtj-progress-*"))

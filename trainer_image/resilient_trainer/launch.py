@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -367,9 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     timeout = float(raw_timeout) if raw_timeout.replace(".", "", 1).isdigit() and float(raw_timeout) > 0 else None
     if agent_config is not None:  # the pod's long-lived agent: generations as child processes
         return agent.main(agent_config, extra, script, timeout)
-    os.environ[progress.RANK_DIR_ENV] = tempfile.mkdtemp(prefix="rtj-progress-")  # pod-local, inherited
-    watchdog = Watchdog(env, os.environ[progress.RANK_DIR_ENV], timeout)
-    return run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path, watchdog)
+    rank_dir = os.environ[progress.RANK_DIR_ENV] = tempfile.mkdtemp(prefix="rtj-progress-")  # pod-local, inherited
+    try:
+        watchdog = Watchdog(env, rank_dir, timeout)
+        return run_torchrun(torchrun_args(env, extra, script), str(env.attempt), log_path, watchdog)
+    finally:  # the ranks' heartbeats: nobody reads them once torchrun is gone (a local run's /tmp keeps them)
+        shutil.rmtree(rank_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
