@@ -137,7 +137,7 @@ def _grow_back(inp: Inputs, d: Draft, replicas: int) -> growback.Grow | None:
     latest = (st.get("latestCheckpoint") or {}).get("step", -1)
     # At full size no capacity can make it larger: the count of every node's slots (most of a pass over a
     # few hundred nodes) is needed only below it.
-    full = inp.job.spec.replicas >= 1 and replicas >= min(inp.job.spec.replicas, inp.job.spec.elastic.max_replicas)
+    full = replicas >= min(inp.job.spec.replicas, inp.job.spec.elastic.max_replicas)
     target = None if full else d.target_replicas(inp, within_admission=False)[0]
     decision = growback.decide(replicas, target, latest, st.get("growBack"))
     if decision.action == growback.NONE:
