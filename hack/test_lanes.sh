@@ -25,7 +25,6 @@ py=$1
 shift
 logs=.test-logs
 mkdir -p "$logs"
-rm -f "$logs/kind.log"  # written only when the kind lane runs (below)
 make=${MAKE:-make}
 
 echo ">> the Go builds (make binaries) beside the venv and lint (log: $logs/binaries.log)"
@@ -103,27 +102,18 @@ else
 fi
 
 side() {
-  local rc=0 prepare_pid= kind_pid= own_args=()
+  local rc=0 prepare_pid=
   [[ $cg_mode == none ]] || { join "$side_cg"; export RTJ_LANE_CPU_FILE; RTJ_LANE_CPU_FILE=$(usage_file "$side_cg"); }
   if (($# == 0)) && [[ $(id -u) == 0 ]] && command -v dockerd >/dev/null; then  # as test_kind_lane needs
     nice -n 10 "$py" -m e2e.kindcluster prepare >"$logs/kind-prepare.log" 2>&1 &
     prepare_pid=$!
-    # The kind lane beside the unit tests, not after them: its setup is mostly disk (kind load of a 3.3 GB image
-    # into each worker, 0.2 cores for 8.5 min), the unit tests are CPU. Its engine's lock waits for the prepare.
-    # Its own pytest, without the lane's CPU file: two pytests in one cgroup would blame each other's CPU.
-    ( unset RTJ_LANE_CPU_FILE
-      exec nice -n 10 "$py" -m pytest e2e/tests/test_kind_lane.py -p no:cacheprovider -rP --basetemp="$tmp/kind" ) \
-      >"$logs/kind.log" 2>&1 &
-    kind_pid=$!
-    own_args=(--ignore=e2e/tests/test_kind_lane.py)
   fi
   nice -n 10 "$py" -m pytest -m "not cluster" -p no:cacheprovider -p e2e.cputime --basetemp="$tmp/unit" -o timeout=600 "$@" \
     >"$logs/unit.log" 2>&1 || rc=1
   # A failed prepare is not a failure here: the kind lane builds again and reports what went wrong.
   [[ -z $prepare_pid ]] || wait "$prepare_pid" || echo "kind prepare failed (the kind lane retries): $logs/kind-prepare.log" >>"$logs/unit.log"
-  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider -p e2e.cputime --basetemp="$tmp/own" \
-    "${own_args[@]}" "$@" >"$logs/own-cluster.log" 2>&1 || rc=1
-  [[ -z $kind_pid ]] || wait "$kind_pid" || rc=1
+  nice -n 10 "$py" -m pytest -m "cluster and own_cluster" -p no:cacheprovider -p e2e.cputime --basetemp="$tmp/own" "$@" \
+    >"$logs/own-cluster.log" 2>&1 || rc=1
   return "$rc"
 }
 side "$@" &
@@ -143,10 +133,6 @@ rm -rf "$tmp"
 cleanup_cgroups
 echo "================ the side lane, part 1: no cluster (ran beside the cluster lane; .test-logs/unit.log) ================"
 cat "$logs/unit.log"
-if [[ -f $logs/kind.log ]]; then
-  echo "================ the side lane, beside part 1: the kind lane (.test-logs/kind.log) ================"
-  cat "$logs/kind.log"
-fi
 echo "================ the side lane, part 2: own clusters (.test-logs/own-cluster.log) ================"
 cat "$logs/own-cluster.log"
 echo "cluster lane: exit ${cluster_rc}; side lane: exit ${side_rc}${cpu_used:+; $cpu_used}"
