@@ -38,6 +38,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -101,6 +102,24 @@ def status_patches(audit_log: Path, since: datetime, until: datetime) -> Counter
             at = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
             if since <= at < until:
                 out[ref.get("name", "?")] += 1
+    return out
+
+
+WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "APPLY": "patch"}
+
+
+def api_writes(api: Any) -> Counter[tuple[str, str]]:
+    """Every client's writes the API server has served so far, by (verb, resource[/subresource]), from its
+    apiserver_request_total (it has no user label: the operator's share comes from the audit log)."""
+    resp = api.call_api("/metrics", "GET", _preload_content=False, _request_timeout=30)
+    resp = resp[0] if isinstance(resp, tuple) else resp  # (data, status, headers) in older clients
+    out: Counter[tuple[str, str]] = Counter()
+    for key, value in support.metric_samples(resp.data.decode(), "apiserver_request_total").items():
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', key))
+        verb = WRITE_VERBS.get(labels.get("verb", ""))
+        if verb and labels.get("resource"):
+            resource = labels["resource"] + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[(verb, resource)] += int(value)
     return out
 
 
@@ -261,6 +280,7 @@ class ScaleResult:
     patches_hit: tuple[float, float] = (math.nan, math.nan)
     patches_other: float = math.nan
     machine_busy: list[tuple[float, float]] = field(default_factory=list)  # (s after the kill, busy share)
+    all_writes: Counter[tuple[str, str]] = field(default_factory=Counter)  # every client's, in the recovery
 
     def table(self) -> str:
         rel = self.relaunch_s
@@ -314,6 +334,12 @@ class ScaleResult:
             text = ", ".join(f"{verb} {res} {a:.1f}/{m:.1f}/{b:.1f}" for (verb, res), (a, m, b)
                              in sorted(self.recovery_times.items(), key=lambda kv: kv[1][0]))
             lines.append(f"{'writes after the kill, first/p50/last':<34} {text} s")
+        if self.all_writes:
+            mine = self.recovery_requests
+            others = Counter({k: n - mine.get(k, 0) for k, n in self.all_writes.items()})
+            text = ", ".join(f"{verb} {res} {n}" for (verb, res), n in others.most_common(8) if n > 0)
+            lines.append(f"{'writes by the others, recovery':<34} {sum(max(n, 0) for n in others.values())}"
+                         f" (the operator's {sum(n for k, n in mine.items() if k[0] != 'get')}): {text}")
         for label, secs, reqs in (("steady state", self.steady_s, self.steady_requests),
                                   ("recovery", self.recovery_s, self.recovery_requests)):
             text = ", ".join(f"{verb} {res}: {n}" for (verb, res), n in sorted(reqs.items())) or "none"
@@ -412,6 +438,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
     comps = {n: comp.proc.pid for n, comp in cl.components.items() if comp.proc.poll() is None}
     cp0 = {n: cpu_seconds(p) for n, p in comps.items()}
     h0, all0 = cpu_seconds(os.getpid()), cpu_by_command()
+    w0 = api_writes(api)
     k0, tk = _utcnow(), time.monotonic()
     sampler = MachineSampler()
     kc.kill_nodes(sorted(dead))
@@ -449,6 +476,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
         harness_cpu, by_command = cpu_seconds(os.getpid()) - h0, cpu_spent(all0, cpu_by_command())
         busy = sampler.stop()
+        w1 = api_writes(api)
     time.sleep(2)  # a window for a second, spurious restart to show
     st = statuses()
     m3 = support.operator_metrics(cl)
@@ -490,7 +518,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         delivery_s=reconcile_stats(m3, m2, "rtj_plan_delivery_seconds"),
         errors=sum(errors.values()), control_plane_cpu_s=cp1, load_average=os.getloadavg()[0],
         lost_pods=lost_pods, executed=executed, kept_pods=kept, harness_cpu_s=harness_cpu, machine_busy=busy,
-        by_command=by_command,
+        by_command=by_command, all_writes=Counter({k: n - w0.get(k, 0) for k, n in w1.items() if n > w0.get(k, 0)}),
         patches_hit=(percentile(hit_patches, 0.5), max(hit_patches, default=math.nan)),
         patches_other=percentile(other_patches, 0.5),
         deliveries={k: v for k, v in deliveries.items() if v}, plans_taken=plans_taken,
