@@ -109,12 +109,22 @@ WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "d
 
 
 def api_writes(api: Any) -> Counter[tuple[str, str]]:
-    """Every client's writes the API server has served so far, by (verb, resource[/subresource]), from its
-    apiserver_request_total (it has no user label: the operator's share comes from the audit log)."""
+    """Every client's writes the API server has served so far (`write_counts` of its /metrics)."""
     resp = api.call_api("/metrics", "GET", _preload_content=False, _request_timeout=30)
     resp = resp[0] if isinstance(resp, tuple) else resp  # (data, status, headers) in older clients
+    try:
+        return write_counts(resp.data.decode())
+    finally:
+        resp.release_conn()
+
+
+def write_counts(metrics: str) -> Counter[tuple[str, str]]:
+    """Writes by (verb as the audit log names it, resource[/subresource]) from apiserver_request_total, summed
+    over codes and scopes. It has no user label: the operator's own share comes from the audit log."""
     out: Counter[tuple[str, str]] = Counter()
-    for key, value in support.metric_samples(resp.data.decode(), "apiserver_request_total").items():
+    for key, value in support.metric_samples(metrics, "apiserver_request_total").items():
+        if not key.startswith("apiserver_request_total{"):
+            continue  # another family with this prefix
         labels = dict(re.findall(r'(\w+)="([^"]*)"', key))
         verb = WRITE_VERBS.get(labels.get("verb", ""))
         if verb and labels.get("resource"):
@@ -476,7 +486,7 @@ def run_scale(kc: KwokCluster, *, nodes: int, jobs: int, workers: int, kill: int
         cp1 = {n: cpu_seconds(p) - cp0[n] for n, p in comps.items()}
         harness_cpu, by_command = cpu_seconds(os.getpid()) - h0, cpu_spent(all0, cpu_by_command())
         busy = sampler.stop()
-        w1 = api_writes(api)
+    w1 = api_writes(api)  # (not in the finally: a failed wait's error is the one to see)
     time.sleep(2)  # a window for a second, spurious restart to show
     st = statuses()
     m3 = support.operator_metrics(cl)
