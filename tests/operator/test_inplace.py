@@ -102,45 +102,63 @@ def moved(attempt: int, old: list[PodView], ranks: dict[str, int], replicas: int
             for p in old if p.name in ranks]
 
 
-def test_node_loss_in_place_fences_only_the_lost_pod_then_hands_the_survivors_their_plans() -> None:
+def test_node_loss_in_place_fences_the_lost_pod_and_hands_the_survivors_their_plans_in_one_pass() -> None:
+    """The lost pod is force-deleted (gone once the delete is answered), so the same plan starts the next
+    attempt: one pass, one status write, no wait for the deletion's watch event."""
     spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
     first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
-    assert first.status["phase"] == c.RESTARTING
+    st = first.status
     assert first.force_delete == ["demo-a1-3"] and first.delete == []  # survivors are not fenced
-    survivors = gang(1, 3)
-    second = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
-    st = second.status
     assert st["attempt"] == 2 and st["replicas"] == 3 and st["phase"] == c.STARTING
-    assert [m["kind"] for m in second.manifests()] == ["Service", "PodDisruptionBudget"]  # no pod yet
-    assert {d.pod: d.plan.node_rank for d in second.deliver} == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}
-    plan = second.deliver[1].plan
+    assert st["lastFailure"]["node"] == "n3" and st["restarts"]["infrastructure"] == 1
+    assert [m["kind"] for m in first.manifests()] == ["Service", "PodDisruptionBudget"]  # no pod yet
+    assert {d.pod: d.plan.node_rank for d in first.deliver} == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}
+    plan = first.deliver[1].plan
     assert (plan.attempt, plan.nnodes, plan.job_uid, plan.pod_uid) == (2, 3, "uid-1", "uid-demo-a1-1")
     assert plan.master_addr == "demo-a1-0.demo.ml.svc" and plan.resume_from.endswith("step-0000000040")
-    assert second.deliver[1].labels == {c.LABEL_ATTEMPT: "2", c.LABEL_RANK: "1"}
-    assert second.deliver[1].address == "10.1.1.1" and second.deliver[1].port == CONFIG.agent_port
+    assert first.deliver[1].labels == {c.LABEL_ATTEMPT: "2", c.LABEL_RANK: "1"}
+    assert first.deliver[1].address == "10.1.1.1" and first.deliver[1].port == CONFIG.agent_port
     entry = st["history"][-1]
     assert entry["restart"] == "InPlace" and entry["kept"] == ["demo-a1-0", "demo-a1-1", "demo-a1-2"]
-    assert entry["replaced"] == []  # the lost pod was already gone when the attempt started
+    assert entry["replaced"] == ["demo-a1-3"]
     assert st["inPlace"]["pods"] == {"demo-a1-0": 0, "demo-a1-1": 1, "demo-a1-2": 2}
-    assert any("in place (kept 3 pods; new pods for ranks none)" in e.message for e in second.events)
-    # A second pass before any acknowledgement: the plans are sent again, nothing else happens.
-    again = reconcile(job(st, **spec), survivors, lost_n3(), listing(40), NOW + timedelta(seconds=1), config=CONFIG)
-    assert len(again.deliver) == 3 and again.delete == [] and again.force_delete == []
-    assert [m for m in again.manifests() if m["kind"] == "Pod"] == []
+    assert any("in place (kept 3 pods; new pods for ranks none)" in e.message for e in first.events)
+    # The next pass, before the deletion shows and before any acknowledgement: the plans are sent again and
+    # the lost pod's delete is asked again (the shell skips it while its earlier one is unconfirmed).
+    pods = gang(1, 4)
+    again = reconcile(job(st, **spec), pods, lost_n3(), listing(40), NOW + timedelta(seconds=1), config=CONFIG)
+    assert len(again.deliver) == 3 and again.delete == [] and again.force_delete == ["demo-a1-3"]
+    assert [m for m in again.manifests() if m["kind"] == "Pod"] == [] and again.status["attempt"] == 2
     # All three took their plans: attempt 2 runs on the same pods, and nothing is created or sent.
+    survivors = gang(1, 3)
     done = reconcile(job(st, **spec), moved(2, survivors, st["inPlace"]["pods"], 3), lost_n3(), listing(40),
                      NOW + timedelta(seconds=2), config=CONFIG)
     assert done.status["phase"] == c.RUNNING and done.deliver == [] and list(done.manifests()) == []
     assert done.delete == [] and done.force_delete == []
 
 
+def test_recreate_waits_for_graceful_deletions_but_not_for_force_deleted_pods() -> None:
+    """Recreate after a node loss: the survivors are deleted gracefully, and the next attempt waits until their
+    kubelets confirm (no old worker beside a new one). A gang whose every pod was on lost nodes has nothing to
+    wait for: it is fenced and relaunched in one pass."""
+    spec = dict(RECREATE, nodeLossTimeoutSeconds=20)
+    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    assert first.force_delete == ["demo-a1-3"] and first.delete == ["demo-a1-0", "demo-a1-1", "demo-a1-2"]
+    assert first.status["phase"] == c.RESTARTING and first.status["attempt"] == 1
+    assert list(first.manifests()) == [] and first.requeue_after is not None
+    one = gang(1, 1, r0=dict(node_name="n3"))
+    alone = reconcile(job(running_status(replicas=1), replicas=1, elasticPolicy={"minReplicas": 1}, **spec),
+                      one, lost_n3(), listing(40), NOW, config=CONFIG)
+    assert alone.force_delete == ["demo-a1-0"] and alone.delete == [] and alone.status["attempt"] == 2
+    assert [m["metadata"]["name"] for m in alone.manifests() if m["kind"] == "Pod"] == ["demo-a2-0"]
+
+
 def test_an_acknowledgement_costs_no_status_write() -> None:
     """Kept pods move into the new attempt one by one; until the last has moved the status stays as the launch
     wrote it, so the API server sees one status write for the handover, not one per kept pod."""
     spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
-    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
-    survivors = gang(1, 3)
-    launch = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
+    launch = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    survivors = gang(1, 3)  # the lost pod's deletion has shown
     st, ranks = launch.status, launch.status["inPlace"]["pods"]
     writes = 0
     for i in range(1, 4):  # after the i-th acknowledgement
@@ -184,9 +202,8 @@ def test_a_pod_without_an_agent_is_replaced_on_the_next_pass_not_after_the_bound
     """The delivery found nothing listening in one kept pod (its container does not run the launcher): the
     next pass replaces it and says why, a second into a 10 s bound; the pods whose agents answer keep waiting."""
     spec = dict(IN_PLACE, nodeLossTimeoutSeconds=20)
-    first = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
-    survivors = gang(1, 3)
-    launch = reconcile(job(first.status, **spec), survivors, lost_n3(), listing(40), NOW, config=CONFIG)
+    launch = reconcile(job(running_status(), **spec), gang(1, 4), lost_n3(), listing(40), NOW, config=CONFIG)
+    survivors = gang(1, 3)  # the lost pod's deletion has shown
     later = NOW + timedelta(seconds=1)
     took = moved(2, survivors[:2], launch.status["inPlace"]["pods"], 3)
     after = reconcile(job(launch.status, **spec), [*took, survivors[2]], lost_n3(), listing(40), later,
@@ -195,7 +212,8 @@ def test_a_pod_without_an_agent_is_replaced_on_the_next_pass_not_after_the_bound
     fallback = next(e for e in after.events if e.reason == c.REASON_IN_PLACE_FALLBACK)
     assert "demo-a1-2" in fallback.message and "resilient_trainer.launch" in fallback.message
     entry = after.status["history"][-1]
-    assert entry["kept"] == ["demo-a1-0", "demo-a1-1"] and entry["replaced"] == ["demo-a1-2"] and entry["fallback"]
+    assert entry["kept"] == ["demo-a1-0", "demo-a1-1"] and entry["replaced"] == ["demo-a1-2", "demo-a1-3"]
+    assert entry["fallback"]
     created = [m["metadata"]["name"] for m in after.manifests() if m["kind"] == "Pod"]
     assert created == ["demo-a2-2"]  # its rank, once the pod is gone from the cache (here: at once)
 

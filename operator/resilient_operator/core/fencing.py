@@ -1,7 +1,8 @@
 """Fencing a broken attempt: which of its pods to delete, and how.
 
 Fencing deletes every pod of the attempt; pods on lost nodes go with grace period 0, since no kubelet
-will ever confirm their end and the next attempt waits until no pod of this one is left.
+will ever confirm their end. The next attempt waits until no gracefully deleted pod is left; force-deleted
+ones are gone once the delete is answered, so the launch can follow in the same plan (steps/launch.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ readable checkpoint root; then start the next attempt at the size the healthy ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 from resilient_contract.storage.names import step_dir_name
@@ -19,6 +20,7 @@ from resilient_operator.core import (
     rootstate,
     settle,
 )
+from resilient_operator.core.model import PodView
 from resilient_operator.core.steps.draft import FENCE_RECHECK_SECONDS, Draft, Inputs
 from resilient_operator.core.timeutil import parse
 
@@ -42,8 +44,9 @@ def relaunch(inp: Inputs, d: Draft) -> None:
     kept = {p.name for p in d.keep(inp)}  # restartStrategy InPlace: these carry on into the next attempt
     if leftovers := [p for p in inp.pods if p.attempt <= d.attempt and p.name not in kept]:
         d.fence(leftovers)
-        d.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
-        return
+        if not _gone_once_applied(leftovers, d):
+            d.plan.look_again(FENCE_RECHECK_SECONDS)  # their deletion events normally bring us back first
+            return
     if kept and (save := _drain_save_wait(inp, d)):
         d.plan.look_again(min(1.0, save))  # the discovery of the next pass may show the checkpoint
         return
@@ -78,6 +81,17 @@ def relaunch(inp: Inputs, d: Draft) -> None:
         return
     if ok:  # otherwise the storage condition says why; retried on a timer
         _launch(inp, d, replicas)
+
+
+def _gone_once_applied(leftovers: Sequence[PodView], d: Draft) -> bool:
+    """Whether every leftover is force-deleted by this very plan (a pod on a lost node, grace period 0).
+
+    The API server removes such a pod at once, and waiting to see it gone proves nothing about its containers
+    (no kubelet answers for them; the lineage rule fences their late saves), so the launch goes in the same
+    plan: the shell applies the deletes before the status that names the next attempt, and stops at a failed
+    one. A graceful deletion is different: it ends when the kubelet has stopped the containers, so the launch
+    waits for it (the old workers are gone before the new ones start)."""
+    return {p.name for p in leftovers} <= set(d.plan.force_delete)
 
 
 def _drain_save_wait(inp: Inputs, d: Draft) -> float:
