@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from e2e import scenarios, support
 from e2e.localcluster.cluster import wait_for
+from resilient_trainer import agent
 
 
 def new_namespace(cluster: Any, ns: str) -> str:
@@ -27,15 +28,22 @@ def new_namespace(cluster: Any, ns: str) -> str:
     return ns
 
 
-def one_run(cluster: Any, ns: str, before_kill: Callable[[], None] | None = None,
+def one_run(cluster: Any, ns: str, before_kill: Callable[[], None] | None = None, warm: bool = False,
             **spec: Any) -> scenarios.Timeline:
-    """`spec`: extra job spec fields (e.g. restartStrategy="InPlace")."""
+    """`spec`: extra job spec fields (e.g. restartStrategy="InPlace"). `warm`: in place, kill only once every
+    pod's agent logged its next generation warm (torch imported by it and its workers), as it is a few
+    seconds into any long job; otherwise the kill comes right after the first complete checkpoint, when
+    those imports may still be running and a recovery pays their rest."""
     new_namespace(cluster, ns)
     scenarios.shared_claim(cluster, ns)
     job = scenarios.example_job("bench", ns, steps=400, checkpoint_every=5, step_delay=0.3, **spec)
     cluster.apply(job)
     pods = support.running_attempt(cluster, ns, "bench", 1, 4, timeout=300)
     scenarios.first_complete_checkpoint(cluster, job)
+    if warm and spec.get("restartStrategy", "InPlace") == "InPlace":
+        names = [p.metadata.name for p in pods]
+        wait_for(lambda: all(agent.PARKED_WARM_LOG in scenarios.trainer_log(cluster, ns, n) for n in names), 120,
+                 "every agent's next generation warm")
     if before_kill is not None:
         before_kill()
     before = api_writes(cluster)

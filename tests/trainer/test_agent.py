@@ -397,6 +397,7 @@ def test_redirected_workers_are_started_by_torchrun_itself(launcher: Launcher, t
     run, agent_port = start_pod(launcher, tmp_path, "pod-a", torchrun=("--log-dir", str(logs), "--redirects", "3"),
                                 port=free_port(), AGENT_TEST_MODE_1="hang")
     assert wait_for(lambda: (health(agent_port) or {}).get("prewarmed"), 90), run.tail()
+    assert wait_for(lambda: agent.PARKED_WARM_LOG in run.output(0), 10), run.tail()  # the log says so too
     assert post(agent_port, signed("pod-a", 2, port=free_port()))[0] == 200
     assert run.wait(90) == [0], run.tail()
     assert [e["attempt"] for e in events(tmp_path, "done")] == [2]

@@ -68,6 +68,8 @@ PREWARM_IMPORTS_ENV = "RTJ_AGENT_PREWARM_IMPORTS"  # "0": parked workers import 
 PREWARM_FSDP_ENV = "RTJ_AGENT_PREWARM_FSDP"  # "0": parked workers skip the FSDP2 warm-up (warm_fsdp)
 WORKER_FLAG = "--worker"
 MODULE = "resilient_trainer.agent"  # not __name__: that is "__main__" in the processes it starts
+# Logged once a parked generation and its workers have imported torch: the next plan starts without start-up.
+PARKED_WARM_LOG = "next generation parked and warm"
 PARK_DELAY_SECONDS = 10.0  # the next generation parks after the running one's first step, or this long
 CONFIRM_SECONDS = 10.0  # killed processes must be gone within this, or the plan is answered 500
 HOST_WAIT_SECONDS = 3.0  # a rank > 0 waits at most this long for the rendezvous host's agent (_await_host)
@@ -261,9 +263,19 @@ class Agent:
         if not self.cfg.prewarm or self.closed or (self._parked is not None and self._parked.proc.poll() is None):
             return
         try:
-            self._parked = self._spawn()
+            self._parked = child = self._spawn()
         except OSError as exc:
             self.log(f"cannot park the next generation: {exc}")
+            return
+        threading.Thread(target=self._report_warm, args=(child, time.monotonic()), daemon=True).start()
+
+    def _report_warm(self, child: _Child, since: float) -> None:
+        """Say when the parked generation is warm: a recovery before that pays the rest of its imports."""
+        while not child.warm.wait(1.0):
+            if child.proc.poll() is not None or self._parked is not child:
+                return
+        if self._parked is child and child.proc.poll() is None:  # (the pipe also closes when it dies)
+            self.log(f"{PARKED_WARM_LOG} ({time.monotonic() - since:.1f} s): a plan starts it without start-up")
 
     @property
     def prewarmed(self) -> bool:
