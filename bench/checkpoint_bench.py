@@ -259,7 +259,7 @@ def run_window(saver: Saver, step: int, steps: int, step_fn: Any, ctx: rdist.Dis
     """`steps` training steps with one save at the first; the loop then waits for durability (what a loop
     that saves every `steps` steps pays). Returns wall time, blocked time, time to durable, peak PSS."""
     dist.barrier(group=ctx.checkpoint_group)
-    blocked = durable = 0.0
+    blocked = durable = staged_wait = 0.0
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         if saver.kind != "none":
@@ -268,7 +268,7 @@ def run_window(saver: Saver, step: int, steps: int, step_fn: Any, ctx: rdist.Dis
         for _ in range(steps):
             b0 = time.perf_counter()
             saver.before_step()
-            blocked += time.perf_counter() - b0
+            staged_wait += time.perf_counter() - b0
             step_fn()
             if not durable and saver.done():
                 durable = time.perf_counter() - t0
@@ -277,7 +277,11 @@ def run_window(saver: Saver, step: int, steps: int, step_fn: Any, ctx: rdist.Dis
         blocked_end = time.perf_counter() - b0
         wall = time.perf_counter() - t0
         durable = durable or wall
-    return {"wall": wall, "blocked": blocked + blocked_end, "durable": durable, "pss_mb": mem.peak_kb / 1024}
+    out = {"wall": wall, "blocked": blocked + staged_wait + blocked_end, "durable": durable,
+           "pss_mb": mem.peak_kb / 1024}
+    if saver.ckpt is not None:  # where the save() call's own time went, and the staging wait after it
+        out.update({f"phase_{k}": v for k, v in saver.ckpt.last_save_phases.items()}, phase_staging=staged_wait)
+    return out
 
 
 def memcpy_floor(local: int, ctx: rdist.DistContext, reps: int) -> float:
@@ -318,7 +322,7 @@ def save_phase(args: argparse.Namespace, ctx: rdist.DistContext, workdir: Path) 
         base = statistics.median(r["wall"] for r in figures["none"])
         out["rows"][model_name] = {
             v: {"extra": statistics.median(r["wall"] for r in rs) - base,
-                **{k: statistics.median(r[k] for r in rs) for k in ("blocked", "durable", "pss_mb")}}
+                **{k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "wall"}}
             for v, rs in figures.items()
         }
         out["rows"][model_name]["none"]["step_s"] = base / args.steps
@@ -475,6 +479,14 @@ def main() -> int:
                 ratio = gather / extra if extra > 0 else float("inf")
                 print(f"{LABELS[v]:<58} {extra:>8.3f} {f['blocked']:>9.3f} {f['durable']:>9.2f} "
                       f"{f['pss_mb']:>7.0f} {ratio:>12.1f} {extra / memcpy:>12.2f}")
+            phased = {v: f for v, f in table.items() if "phase_dcp" in f}
+            if phased:
+                print("the Checkpointer's blocked time by phase, s (median of the max over ranks): wait = the "
+                      "previous upload, dir = claim + fence check + broadcast, state_dict = get_state_dict, dcp = "
+                      "DCP's async_save call, staging = the optimizer's wait for the background copy")
+                for v, f in phased.items():
+                    print(f"  {LABELS[v]:<56} " + "  ".join(
+                        f"{k} {f[f'phase_{k}']:.3f}" for k in ("wait", "dir", "state_dict", "dcp", "staging")))
     if loads:
         print(f"\n{'MB':>5} {'N->M':>6} {'DCP reshard load s':>18} {'rank0 torch.load+bcast s':>24} {'ratio':>6}")
     for size, n, m, res in loads:

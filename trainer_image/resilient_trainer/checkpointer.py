@@ -224,6 +224,10 @@ class Checkpointer:
         self._fence = upload.Fence(self.root, self.job, self.attempt) if self.attempt is not None else None
         self.upload_in = upload_in
         self.last_blocked_s = 0.0
+        # Where the last save() call's time went, in seconds: "wait" (the previous upload), "dir" (the step
+        # directory's claim, the fence check and the broadcast of rank 0's decision), "state_dict"
+        # (get_state_dict) and "dcp" (DCP's async_save call). Read by bench/checkpoint_bench.py.
+        self.last_save_phases: dict[str, float] = {}
         self.last_saved: str | None = None
         self._stager = (staging.ReusingStager(staging.options(ctx.device, share=upload_in == "process"))
                         if async_save else None)
@@ -332,6 +336,7 @@ class Checkpointer:
         """Checkpoint `step`; returns the directory (None if a complete one existed). Time blocked is
         in `last_blocked_s` (async: waiting for the previous upload + staging)."""
         t0 = time.perf_counter()
+        phases = self.last_save_phases = {}
         if self.injected_resume and self.resumed_from is None:
             raise ResumeNotLoadedError(
                 f"not saving step {step}: this run was asked to resume from {self.injected_resume} "
@@ -340,12 +345,17 @@ class Checkpointer:
                 "after building the Checkpointer and before the training loop")
         self.wait()  # at most one save in flight
         self.staging_wait_s = 0.0
+        t1 = phases["wait"] = time.perf_counter() - t0
         path = self._prepare_dir(step)
+        t2 = time.perf_counter() - t0
+        phases["dir"] = t2 - t1
         if path is None:
             log.info("checkpoint for step %d already complete; not rewritten", step)
             self.last_blocked_s = time.perf_counter() - t0
             return None
         state = self._state_dict()
+        t3 = time.perf_counter() - t0
+        phases["state_dict"] = t3 - t2
         # the test hold is read here, not in the upload (a race with the test's own delenv)
         hold = os.environ.get(TEST_HOLD_METADATA_ENV) if self.attempt is not None else None
         writer: StorageWriter = upload.GuardedWriter(self._storage_writer(path), path, self.ctx.world_size,
@@ -377,6 +387,7 @@ class Checkpointer:
                     self._inflight = (path, future)
                     self._staging = (path, staging) if staging is not None else None
                 self.last_blocked_s = time.perf_counter() - t0
+                phases["dcp"] = self.last_blocked_s - t3
                 return path
             dcp.save(state, storage_writer=writer, process_group=self.ctx.checkpoint_group)
         except (Exception, CheckpointException) as exc:
