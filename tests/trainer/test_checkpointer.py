@@ -61,6 +61,9 @@ def test_optimizer_step_right_after_async_save_does_not_leak_into_it(ctx: DistCo
     before = snapshot(model)
     path = ckpt.save(7)
     assert ckpt._staging is not None, "staging should still be running in the background"
+    phases = ckpt.last_save_phases  # where the call's time went: the slow copy is in none of them
+    assert set(phases) == {"wait", "dir", "state_dict", "dcp"} and sum(phases.values()) <= ckpt.last_blocked_s
+    assert ckpt.last_blocked_s < 0.5
     model(torch.randn(4, 256)).sum().backward()
     opt.step()  # the pre-hook waits for staging; the saved state must be `before`
     ts.step = 8
