@@ -489,9 +489,9 @@ def main() -> int:
                 print("the Checkpointer's blocked time by phase, s (median of the max over ranks): wait = the "
                       "previous upload, dir = claim + fence check + broadcast, state_dict = get_state_dict, dcp = "
                       "DCP's async_save call, staging = the optimizer's wait for the background copy")
-                for v, f in phased.items():
+                for v, f in phased.items():  # in the order save() records them (last_save_phases), then staging
                     print(f"  {LABELS[v]:<56} " + "  ".join(
-                        f"{k} {f[f'phase_{k}']:.3f}" for k in ("wait", "dir", "state_dict", "dcp", "staging")))
+                        f"{k.removeprefix('phase_')} {val:.3f}" for k, val in f.items() if k.startswith("phase_")))
     if loads:
         print(f"\n{'MB':>5} {'N->M':>6} {'DCP reshard load s':>18} {'rank0 torch.load+bcast s':>24} {'ratio':>6}")
     for size, n, m, res in loads:
